@@ -1,0 +1,115 @@
+// Detect-head decode: per-anchor math shared by the CPU and CUDA kernels.
+//
+// Layout (Ultralytics 8.4 Detect.forward_head): boxes (B, 4 * reg_max, A) with channel = side * reg_max + bin,
+// sides ordered left, top, right, bottom; scores (B, nc, A); anchors concatenated over levels (P3, P4, P5, ...),
+// row-major (y, then x) inside a level. Output (B, 4 + nc, A): cx, cy, w, h (or x1, y1, x2, y2) in input pixels,
+// then sigmoid class scores.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+
+#include "../common.h"
+
+namespace yolo_fastdetect {
+
+// Kernel parameters are passed by value, so the level table has a fixed capacity.
+constexpr int kMaxLevels = 32;
+
+struct LevelTable {
+  int num_levels;
+  int64_t level_end[kMaxLevels];  // one past the last anchor index of each level
+  int64_t width[kMaxLevels];      // grid width of each level (anchors per row)
+  float stride[kMaxLevels];       // input pixels per grid cell
+};
+
+struct DecodeShape {
+  int64_t batch;
+  int64_t num_classes;
+  int64_t num_anchors;
+  int64_t box_strides[3];    // element strides of boxes along (B, C, A)
+  int64_t score_strides[3];  // element strides of scores along (B, C, A)
+};
+
+// Anchor centre of anchor `a` in grid units (x + 0.5, y + 0.5, as make_anchors) and its level's stride.
+YFD_HOST_DEVICE void anchor_centre(const LevelTable& levels, int64_t a, float& centre_x, float& centre_y,
+                                   float& stride) {
+  int level = 0;
+  int64_t level_start = 0;
+  while (level + 1 < levels.num_levels && a >= levels.level_end[level]) {
+    level_start = levels.level_end[level];
+    ++level;
+  }
+  const int64_t local = a - level_start;
+  const int64_t width = levels.width[level];
+  centre_x = static_cast<float>(local % width) + 0.5f;
+  centre_y = static_cast<float>(local / width) + 0.5f;
+  stride = levels.stride[level];
+}
+
+// Expected distance of one box side: softmax over reg_max bins, then sum_k k * p_k (DFL).
+// reg_max == 1 (YOLO26) has no distribution: the logit is the distance.
+template <int RegMax>
+YFD_HOST_DEVICE float dfl_expectation(const float (&logits)[RegMax]) {
+  if (RegMax == 1) return logits[0];
+  float max_logit = logits[0];
+#pragma unroll
+  for (int k = 1; k < RegMax; ++k) max_logit = fmaxf(max_logit, logits[k]);
+  float weight_sum = 0.f, weighted_bins = 0.f;
+#pragma unroll
+  for (int k = 0; k < RegMax; ++k) {
+    const float weight = fast_expf(logits[k] - max_logit);
+    weight_sum += weight;
+    weighted_bins += static_cast<float>(k) * weight;
+  }
+  return weighted_bins / weight_sum;
+}
+
+// dist2bbox: left/top/right/bottom distances around the anchor centre -> box, scaled to input pixels.
+YFD_HOST_DEVICE void distances_to_box(float centre_x, float centre_y, const float (&distance)[4], float stride,
+                                      bool xywh, float (&box)[4]) {
+  const float x1 = centre_x - distance[0], y1 = centre_y - distance[1];
+  const float x2 = centre_x + distance[2], y2 = centre_y + distance[3];
+  if (xywh) {
+    box[0] = (x1 + x2) / 2.f * stride;
+    box[1] = (y1 + y2) / 2.f * stride;
+    box[2] = (x2 - x1) * stride;
+    box[3] = (y2 - y1) * stride;
+  } else {
+    box[0] = x1 * stride;
+    box[1] = y1 * stride;
+    box[2] = x2 * stride;
+    box[3] = y2 * stride;
+  }
+}
+
+YFD_HOST_DEVICE float sigmoid(float x) { return 1.f / (1.f + fast_expf(-x)); }
+
+// Decode one anchor's box: reads its 4 * RegMax logits through `box_logits` (pointer at channel 0 of this
+// batch and anchor, channel stride `channel_stride`) and returns the box in `box`.
+template <int RegMax, typename scalar_t>
+YFD_HOST_DEVICE void decode_anchor_box(const scalar_t* box_logits, int64_t channel_stride, const LevelTable& levels,
+                                       int64_t anchor, bool xywh, float (&box)[4]) {
+  float distance[4];
+#pragma unroll
+  for (int side = 0; side < 4; ++side) {
+    float logits[RegMax];
+#pragma unroll
+    for (int bin = 0; bin < RegMax; ++bin)
+      logits[bin] = static_cast<float>(box_logits[(side * RegMax + bin) * channel_stride]);
+    distance[side] = dfl_expectation<RegMax>(logits);
+  }
+  float centre_x, centre_y, stride;
+  anchor_centre(levels, anchor, centre_x, centre_y, stride);
+  distances_to_box(centre_x, centre_y, distance, stride, xywh, box);
+}
+
+// Validates the operator's arguments (raising errors that name the argument) and builds the level table and
+// shape description. Defined in detect_decode_cpu.cpp, used by both launchers.
+void check_detect_decode_args(const at::Tensor& boxes, const at::Tensor& scores, at::IntArrayRef level_shapes,
+                              at::ArrayRef<double> level_strides, int64_t reg_max, LevelTable& levels,
+                              DecodeShape& shape);
+
+}  // namespace yolo_fastdetect

@@ -1,0 +1,123 @@
+// Detect-head decode on the CPU, and the argument checks shared with the CUDA launcher.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <cmath>
+
+#include "detect_decode.h"
+
+namespace yolo_fastdetect {
+
+void check_detect_decode_args(const at::Tensor& boxes, const at::Tensor& scores, at::IntArrayRef level_shapes,
+                              at::ArrayRef<double> level_strides, int64_t reg_max, LevelTable& levels,
+                              DecodeShape& shape) {
+  TORCH_CHECK_VALUE(reg_max == 1 || reg_max == 16, "detect_decode: reg_max must be 1 or 16, got ", reg_max);
+  TORCH_CHECK_VALUE(boxes.dim() == 3, "detect_decode: boxes must be (B, 4*reg_max, A), got ", boxes.sizes());
+  TORCH_CHECK_VALUE(scores.dim() == 3, "detect_decode: scores must be (B, nc, A), got ", scores.sizes());
+  TORCH_CHECK_VALUE(boxes.size(1) == 4 * reg_max, "detect_decode: boxes must have 4*reg_max = ", 4 * reg_max,
+                    " channels, got ", boxes.size(1));
+  TORCH_CHECK_VALUE(scores.size(0) == boxes.size(0), "detect_decode: scores batch ", scores.size(0),
+                    " != boxes batch ", boxes.size(0));
+  TORCH_CHECK_VALUE(scores.size(2) == boxes.size(2), "detect_decode: scores has ", scores.size(2),
+                    " anchors but boxes has ", boxes.size(2));
+  TORCH_CHECK_TYPE(boxes.scalar_type() == at::kFloat || boxes.scalar_type() == at::kHalf ||
+                       boxes.scalar_type() == at::kBFloat16,
+                   "detect_decode: boxes must be float32, float16 or bfloat16, got ", boxes.scalar_type());
+  TORCH_CHECK_TYPE(scores.scalar_type() == boxes.scalar_type(), "detect_decode: scores dtype ",
+                   scores.scalar_type(), " != boxes dtype ", boxes.scalar_type());
+  TORCH_CHECK(scores.device() == boxes.device(), "detect_decode: scores is on ", scores.device(),
+              " but boxes is on ", boxes.device());
+
+  const int64_t num_levels = static_cast<int64_t>(level_strides.size());
+  TORCH_CHECK_VALUE(num_levels >= 1 && num_levels <= kMaxLevels, "detect_decode: level_strides must hold 1 to ",
+                    kMaxLevels, " levels, got ", num_levels);
+  TORCH_CHECK_VALUE(static_cast<int64_t>(level_shapes.size()) == 2 * num_levels,
+                    "detect_decode: level_shapes must hold (h, w) for each of the ", num_levels,
+                    " levels, got ", level_shapes.size(), " values");
+  levels.num_levels = static_cast<int>(num_levels);
+  int64_t num_anchors = 0;
+  for (int64_t level = 0; level < num_levels; ++level) {
+    const int64_t height = level_shapes[2 * level], width = level_shapes[2 * level + 1];
+    TORCH_CHECK_VALUE(height > 0 && width > 0, "detect_decode: level_shapes level ", level, " is ", height, "x",
+                      width, "; sizes must be positive");
+    const double stride = level_strides[level];
+    TORCH_CHECK_VALUE(std::isfinite(stride) && stride > 0, "detect_decode: level_strides[", level,
+                      "] must be positive, got ", stride);
+    num_anchors += height * width;
+    levels.level_end[level] = num_anchors;
+    levels.width[level] = width;
+    levels.stride[level] = static_cast<float>(stride);
+  }
+  TORCH_CHECK_VALUE(num_anchors == boxes.size(2), "detect_decode: level_shapes give ", num_anchors,
+                    " anchors but boxes has ", boxes.size(2));
+
+  shape.batch = boxes.size(0);
+  shape.num_classes = scores.size(1);
+  shape.num_anchors = num_anchors;
+  for (int dim = 0; dim < 3; ++dim) {
+    shape.box_strides[dim] = boxes.stride(dim);
+    shape.score_strides[dim] = scores.stride(dim);
+  }
+}
+
+namespace {
+
+// Anchors per parallel task: consecutive anchors share the cache lines of all 4*reg_max channel rows.
+constexpr int64_t kAnchorGrain = 256;
+
+template <typename scalar_t, int RegMax>
+void decode_cpu_kernel(const scalar_t* boxes, const scalar_t* scores, scalar_t* out, const DecodeShape& shape,
+                       const LevelTable& levels, bool xywh) {
+  const int64_t num_anchors = shape.num_anchors, num_classes = shape.num_classes;
+  const int64_t out_channels = 4 + num_classes;
+  at::parallel_for(0, shape.batch * num_anchors, kAnchorGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t index = begin; index < end;) {
+      const int64_t batch = index / num_anchors;
+      const int64_t first = index % num_anchors;
+      const int64_t last = std::min(num_anchors, first + (end - index));
+      scalar_t* out_batch = out + batch * out_channels * num_anchors;
+      for (int64_t anchor = first; anchor < last; ++anchor) {
+        float box[4];
+        decode_anchor_box<RegMax>(boxes + batch * shape.box_strides[0] + anchor * shape.box_strides[2],
+                                  shape.box_strides[1], levels, anchor, xywh, box);
+        for (int side = 0; side < 4; ++side) out_batch[side * num_anchors + anchor] = static_cast<scalar_t>(box[side]);
+      }
+      // Class rows: contiguous in the anchor index, so the sigmoid loop vectorises.
+      for (int64_t cls = 0; cls < num_classes; ++cls) {
+        const scalar_t* logits = scores + batch * shape.score_strides[0] + cls * shape.score_strides[1];
+        scalar_t* probabilities = out_batch + (4 + cls) * num_anchors;
+        const int64_t anchor_stride = shape.score_strides[2];
+        for (int64_t anchor = first; anchor < last; ++anchor)
+          probabilities[anchor] = static_cast<scalar_t>(sigmoid(static_cast<float>(logits[anchor * anchor_stride])));
+      }
+      index += last - first;
+    }
+  });
+}
+
+at::Tensor detect_decode_cpu(const at::Tensor& boxes, const at::Tensor& scores, at::IntArrayRef level_shapes,
+                             at::ArrayRef<double> level_strides, int64_t reg_max, bool xywh) {
+  LevelTable levels;
+  DecodeShape shape;
+  check_detect_decode_args(boxes, scores, level_shapes, level_strides, reg_max, levels, shape);
+  at::Tensor out = at::empty({shape.batch, 4 + shape.num_classes, shape.num_anchors}, boxes.options());
+  if (out.numel() == 0) return out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, boxes.scalar_type(), "detect_decode_cpu", [&] {
+    if (reg_max == 16)
+      decode_cpu_kernel<scalar_t, 16>(boxes.const_data_ptr<scalar_t>(), scores.const_data_ptr<scalar_t>(),
+                                      out.mutable_data_ptr<scalar_t>(), shape, levels, xywh);
+    else
+      decode_cpu_kernel<scalar_t, 1>(boxes.const_data_ptr<scalar_t>(), scores.const_data_ptr<scalar_t>(),
+                                     out.mutable_data_ptr<scalar_t>(), shape, levels, xywh);
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(yolo_fastdetect, CPU, m) { m.impl("detect_decode", &detect_decode_cpu); }
+
+}  // namespace yolo_fastdetect

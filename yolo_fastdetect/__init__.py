@@ -1,0 +1,55 @@
+"""yolo_fastdetect: hand-written CUDA/CPU kernels for Ultralytics YOLO inference, output-identical to stock.
+
+``import yolo_fastdetect`` patches Ultralytics (set ``YOLO_FASTDETECT=0`` to opt out); ``disable()`` restores it.
+The operators are compiled on first use and cached; if that fails the package warns once and Ultralytics
+runs stock.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__version__ = "0.1.0"
+
+# In a source checkout the integration lives in ../patches; installed, it is the subpackage yolo_fastdetect.patches.
+if not (Path(__file__).parent / "patches").is_dir() and (Path(__file__).parent.parent / "patches").is_dir():
+    __path__.append(str(Path(__file__).parent.parent))  # noqa: F821 - the package's own search path
+
+from .ops import detect_decode, detect_decode_reference  # noqa: E402
+
+__all__ = ["__version__", "detect_decode", "detect_decode_reference", "disable", "enable", "is_enabled"]
+
+
+def enable() -> bool:
+    """Patch Ultralytics to use the fast kernels; returns False (and changes nothing) on an unsupported version."""
+    from . import patches
+
+    if not patches.ultralytics_supported():
+        import warnings
+
+        import ultralytics
+
+        warnings.warn(f"yolo_fastdetect: Ultralytics {ultralytics.__version__} is not supported; running stock")
+        return False
+    patches.apply_all()
+    return True
+
+
+def disable() -> None:
+    """Restore stock Ultralytics."""
+    from . import patches
+
+    patches.revert_all()
+
+
+def is_enabled() -> bool:
+    """Whether the Ultralytics patches are applied."""
+    import sys
+
+    patches = sys.modules.get(f"{__name__}.patches")
+    return patches is not None and patches.applied()
+
+
+if os.environ.get("YOLO_FASTDETECT", "1") != "0":
+    enable()

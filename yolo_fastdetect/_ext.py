@@ -1,0 +1,153 @@
+"""Build and load the C++/CUDA operators: the single place that knows whether they are available.
+
+The extension is compiled on first use with ``torch.utils.cpp_extension`` and ninja against the torch installed
+at run time, so it can never mismatch torch's ABI. Builds are cached under a directory keyed on the torch
+version, the CUDA version, the target GPU architectures and the source hash; a second process finds the cached
+library and loads it without building. Concurrent builds are serialised by a file lock in the cache directory.
+If the build or the load fails, the package warns once (naming the log file) and Ultralytics runs stock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+EXTENSION_NAME = "yolo_fastdetect_ops"
+
+_state: dict = {"loaded": None, "error": None, "library": None}
+_load_hooks: list = []
+
+
+def on_load(hook):
+    """Register ``hook()`` to run once the operators are loaded (Python-side autograd registration).
+
+    Fake kernels need no hook: ``torch.library.register_fake`` accepts an operator that is not loaded yet.
+    """
+    _load_hooks.append(hook)
+    if _state["loaded"]:
+        hook()
+    return hook
+
+
+def source_dir() -> Path:
+    """Directory holding ``ops.cpp`` and one sub-directory per operator family.
+
+    Installed wheels carry the sources as ``yolo_fastdetect/csrc``; a source checkout has them at ``csrc/``.
+    """
+    package_dir = Path(__file__).resolve().parent
+    for candidate in (package_dir / "csrc", package_dir.parent / "csrc"):
+        if (candidate / "ops.cpp").is_file():
+            return candidate
+    raise FileNotFoundError(f"yolo_fastdetect: C++ sources not found next to {package_dir}")
+
+
+def _sources(with_cuda: bool) -> list[Path]:
+    root = source_dir()
+    sources = [root / "ops.cpp", *sorted(root.glob("*/*.cpp"))]
+    if with_cuda:
+        sources += sorted(root.glob("*/*.cu"))
+    return sources
+
+
+def _cuda_home() -> str | None:
+    """The CUDA toolkit to compile with, or None when CUDA sources cannot be built here."""
+    if torch.version.cuda is None:
+        return None
+    # A wrapper script named nvcc on PATH makes torch guess CUDA_HOME=/usr/local; prefer the real toolkit.
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home and (Path(home) / "bin" / "nvcc").is_file():
+            return home
+    return None
+
+
+def cuda_arch_list() -> str:
+    """GPU architectures to build for: the GPUs present plus ``TORCH_CUDA_ARCH_LIST``.
+
+    With no GPU visible and no list given (CI, a build machine) sm_90 is compiled so that the sources are checked.
+    """
+    archs = {a for a in os.environ.get("TORCH_CUDA_ARCH_LIST", "").replace(",", ";").replace(" ", ";").split(";") if a}
+    if torch.cuda.is_available():
+        for index in range(torch.cuda.device_count()):
+            major, minor = torch.cuda.get_device_capability(index)
+            archs.add(f"{major}.{minor}")
+    return ";".join(sorted(archs)) or "9.0"
+
+
+def build_dir(with_cuda: bool) -> Path:
+    """Cache directory for this torch / CUDA / architecture / source combination."""
+    root = Path(os.environ.get("YOLO_FASTDETECT_CACHE", Path.home() / ".cache" / "yolo_fastdetect"))
+    digest = hashlib.sha256()
+    for path in _sources(with_cuda) + sorted(source_dir().glob("*/*.h")):
+        digest.update(path.name.encode() + path.read_bytes())
+    cuda_tag = f"cu{torch.version.cuda}-sm{cuda_arch_list().replace(';', '_')}" if with_cuda else "cpu"
+    python_tag = f"py{sys.version_info.major}{sys.version_info.minor}"
+    return root / f"torch{torch.__version__}-{cuda_tag}-{python_tag}-{digest.hexdigest()[:12]}"
+
+
+def build(verbose: bool = False) -> Path:
+    """Compile (if needed) and load the operators; return the shared library's path. Raises on failure."""
+    from torch.utils import cpp_extension
+
+    cuda_home = _cuda_home()
+    with_cuda = cuda_home is not None and os.environ.get("YOLO_FASTDETECT_CPU_ONLY", "0") != "1"
+    if with_cuda:
+        cpp_extension.CUDA_HOME = cuda_home
+        os.environ["CUDA_HOME"] = cuda_home
+        os.environ["TORCH_CUDA_ARCH_LIST"] = cuda_arch_list()
+    directory = build_dir(with_cuda)
+    directory.mkdir(parents=True, exist_ok=True)
+    library = directory / f"{EXTENSION_NAME}.so"
+    if not library.is_file():
+        print(f"yolo_fastdetect: building operators ({'CPU+CUDA' if with_cuda else 'CPU'}) in {directory} ...",
+              file=sys.stderr, flush=True)
+    cflags = ["-O3"]  # the C++ standard is left to torch, which needs C++20 from 2.13 on
+    cpp_extension.load(
+        name=EXTENSION_NAME,
+        sources=[str(s) for s in _sources(with_cuda)],
+        extra_cflags=cflags,
+        extra_cuda_cflags=["-O3", "-lineinfo"],
+        build_directory=str(directory),
+        with_cuda=with_cuda,
+        is_python_module=False,
+        verbose=verbose,
+    )
+    _state.update(loaded=True, error=None, library=library)
+    for hook in _load_hooks:
+        hook()
+    return library
+
+
+def available() -> bool:
+    """Whether the operators are loaded; builds them on first call, warns once and returns False on failure."""
+    if _state["loaded"] is None:
+        try:
+            build()
+        except Exception as error:  # noqa: BLE001 - any build/load failure must leave Ultralytics running stock
+            log = Path(os.environ.get("YOLO_FASTDETECT_CACHE", Path.home() / ".cache" / "yolo_fastdetect"))
+            log.mkdir(parents=True, exist_ok=True)
+            log = log / "build_error.log"
+            log.write_text(f"{type(error).__name__}: {error}\n")
+            _state.update(loaded=False, error=error)
+            warnings.warn(
+                f"yolo_fastdetect: could not build or load the operators ({type(error).__name__}); "
+                f"running stock Ultralytics. Compiler output: {log}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    return bool(_state["loaded"])
+
+
+def has_cuda_kernels() -> bool:
+    """Whether the loaded library carries CUDA kernels (it was built with nvcc)."""
+    return available() and torch._C._dispatch_has_kernel_for_dispatch_key("yolo_fastdetect::detect_decode", "CUDA")
+
+
+def require() -> None:
+    """Raise a RuntimeError naming the build log when the operators cannot be built or loaded."""
+    if not available():
+        raise RuntimeError(f"yolo_fastdetect operators are unavailable: {_state['error']}")
