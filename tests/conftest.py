@@ -36,3 +36,12 @@ def generator() -> torch.Generator:
 def devices() -> list[str]:
     """Devices every op test runs on: the CPU always, CUDA where present (marked, so it skips elsewhere)."""
     return ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", help="also run tests marked slow (larger model sizes)")
+
+
+def pytest_configure(config):
+    if not config.getoption("--runslow") and not HAS_CUDA:
+        config.option.markexpr = " and ".join(filter(None, [config.option.markexpr, "not slow"]))

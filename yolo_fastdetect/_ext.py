@@ -78,6 +78,17 @@ def cuda_arch_list() -> str:
     return ";".join(sorted(archs)) or "9.0"
 
 
+def _cpu_signature() -> str:
+    """The CPU model and feature flags, which ``-march=native`` code depends on."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        import platform
+
+        return platform.processor() or platform.machine()
+    return "".join(line for line in lines if line.startswith(("model name", "flags")))[:4096]
+
+
 def build_dir(with_cuda: bool) -> Path:
     """Cache directory for this torch / CUDA / architecture / source combination."""
     root = Path(os.environ.get("YOLO_FASTDETECT_CACHE", Path.home() / ".cache" / "yolo_fastdetect"))
@@ -86,6 +97,7 @@ def build_dir(with_cuda: bool) -> Path:
         digest.update(path.name.encode() + path.read_bytes())
     cuda_tag = f"cu{torch.version.cuda}-sm{cuda_arch_list().replace(';', '_')}" if with_cuda else "cpu"
     python_tag = f"py{sys.version_info.major}{sys.version_info.minor}"
+    digest.update(_cpu_signature().encode())
     return root / f"torch{torch.__version__}-{cuda_tag}-{python_tag}-{digest.hexdigest()[:12]}"
 
 
@@ -105,11 +117,14 @@ def build(verbose: bool = False) -> Path:
     if not library.is_file():
         print(f"yolo_fastdetect: building operators ({'CPU+CUDA' if with_cuda else 'CPU'}) in {directory} ...",
               file=sys.stderr, flush=True)
-    cflags = ["-O3"]  # the C++ standard is left to torch, which needs C++20 from 2.13 on
+    # The C++ standard is left to torch (C++20 from 2.13 on). The CPU kernels are compiled for this machine's
+    # instruction set (the cache key includes the CPU) with trapping math off, so their loops vectorise.
+    cflags = ["-O3", "-march=native", "-fno-trapping-math", "-fopenmp"]
     cpp_extension.load(
         name=EXTENSION_NAME,
         sources=[str(s) for s in _sources(with_cuda)],
         extra_cflags=cflags,
+        extra_ldflags=["-fopenmp"],
         extra_cuda_cflags=["-O3", "-lineinfo"],
         build_directory=str(directory),
         with_cuda=with_cuda,

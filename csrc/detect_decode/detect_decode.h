@@ -49,22 +49,36 @@ YFD_HOST_DEVICE void anchor_centre(const LevelTable& levels, int64_t a, float& c
   stride = levels.stride[level];
 }
 
-// Expected distance of one box side: softmax over reg_max bins, then sum_k k * p_k (DFL).
+// Expected distance of one box side for `Lanes` anchors at once: softmax over reg_max bins, then
+// sum_k k * p_k (DFL). `logit(bin, lane)` returns the logit as float. The CUDA kernel calls it with one lane
+// on logits held in registers; the CPU kernel with a tile of anchors, so that its loops vectorise.
 // reg_max == 1 (YOLO26) has no distribution: the logit is the distance.
-template <int RegMax>
-YFD_HOST_DEVICE float dfl_expectation(const float (&logits)[RegMax]) {
-  if (RegMax == 1) return logits[0];
-  float max_logit = logits[0];
-#pragma unroll
-  for (int k = 1; k < RegMax; ++k) max_logit = fmaxf(max_logit, logits[k]);
-  float weight_sum = 0.f, weighted_bins = 0.f;
-#pragma unroll
-  for (int k = 0; k < RegMax; ++k) {
-    const float weight = fast_expf(logits[k] - max_logit);
-    weight_sum += weight;
-    weighted_bins += static_cast<float>(k) * weight;
+template <int RegMax, int Lanes, typename LogitFn>
+YFD_HOST_DEVICE void dfl_expectation(const LogitFn& logit, float (&distance)[Lanes]) {
+  if (RegMax == 1) {
+    for (int lane = 0; lane < Lanes; ++lane) distance[lane] = logit(0, lane);
+    return;
   }
-  return weighted_bins / weight_sum;
+  float max_logit[Lanes], weight_sum[Lanes], weighted_bins[Lanes];
+  for (int lane = 0; lane < Lanes; ++lane) {
+    max_logit[lane] = logit(0, lane);
+    weight_sum[lane] = 0.f;
+    weighted_bins[lane] = 0.f;
+  }
+#pragma unroll
+  for (int bin = 1; bin < RegMax; ++bin)
+    for (int lane = 0; lane < Lanes; ++lane) {
+      const float value = logit(bin, lane);
+      max_logit[lane] = value > max_logit[lane] ? value : max_logit[lane];
+    }
+#pragma unroll
+  for (int bin = 0; bin < RegMax; ++bin)
+    for (int lane = 0; lane < Lanes; ++lane) {
+      const float weight = fast_expf(logit(bin, lane) - max_logit[lane]);
+      weight_sum[lane] += weight;
+      weighted_bins[lane] += static_cast<float>(bin) * weight;
+    }
+  for (int lane = 0; lane < Lanes; ++lane) distance[lane] = weighted_bins[lane] / weight_sum[lane];
 }
 
 // dist2bbox: left/top/right/bottom distances around the anchor centre -> box, scaled to input pixels.
@@ -99,7 +113,9 @@ YFD_HOST_DEVICE void decode_anchor_box(const scalar_t* box_logits, int64_t chann
 #pragma unroll
     for (int bin = 0; bin < RegMax; ++bin)
       logits[bin] = static_cast<float>(box_logits[(side * RegMax + bin) * channel_stride]);
-    distance[side] = dfl_expectation<RegMax>(logits);
+    float side_distance[1];
+    dfl_expectation<RegMax, 1>([&](int bin, int) { return logits[bin]; }, side_distance);
+    distance[side] = side_distance[0];
   }
   float centre_x, centre_y, stride;
   anchor_centre(levels, anchor, centre_x, centre_y, stride);

@@ -1,0 +1,152 @@
+"""The detect_decode operator against its float64 pure-PyTorch reference, on CPU and CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import devices
+
+from yolo_fastdetect.ops import detect_decode, detect_decode_reference
+
+# (level grid sizes, strides): 640x640, 480x640 (letterboxed bus.jpg), 320x256, four levels, one level.
+LAYOUTS = {
+    "640x640": ([(80, 80), (40, 40), (20, 20)], [8, 16, 32]),
+    "480x640": ([(60, 80), (30, 40), (15, 20)], [8, 16, 32]),
+    "320x256": ([(40, 32), (20, 16), (10, 8)], [8, 16, 32]),
+    "p2-p5": ([(36, 20), (18, 10), (9, 5), (5, 3)], [4, 8, 16, 32]),
+    "one-level": ([(7, 13)], [16]),
+}
+# Output rounding of the dtype dominates: float32 ~1e-7 relative, float16 2^-11, bfloat16 2^-8.
+TOLERANCES = {torch.float32: (2e-6, 1e-4), torch.float16: (1e-3, 1e-3), torch.bfloat16: (8e-3, 8e-3)}
+
+
+def random_head_outputs(generator, batch, num_classes, level_shapes, reg_max, dtype, device):
+    """Logits on the scale a trained head produces (box bins spread over a few units, scores around zero)."""
+    num_anchors = sum(h * w for h, w in level_shapes)
+    boxes = torch.randn(batch, 4 * reg_max, num_anchors, generator=generator) * 3
+    if reg_max == 1:
+        boxes = boxes.abs()  # YOLO26 regresses non-negative distances in grid units
+    scores = torch.randn(batch, num_classes, num_anchors, generator=generator) * 4 - 2
+    return boxes.to(device, dtype), scores.to(device, dtype)
+
+
+def assert_matches_reference(out, boxes, scores, level_shapes, level_strides, reg_max, xywh):
+    reference = detect_decode_reference(boxes.double(), scores.double(), level_shapes, level_strides, reg_max, xywh)
+    rtol, atol = TOLERANCES[boxes.dtype]
+    assert out.dtype == boxes.dtype and out.shape == reference.shape
+    torch.testing.assert_close(out[:, :4].double().cpu(), reference[:, :4].cpu(), rtol=rtol, atol=atol)
+    torch.testing.assert_close(out[:, 4:].double().cpu(), reference[:, 4:].cpu(), rtol=rtol, atol=max(atol, 1e-6))
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("reg_max", [16, 1])
+def test_matches_reference(generator, device, dtype, layout, reg_max):
+    level_shapes, level_strides = LAYOUTS[layout]
+    batch = int(torch.randint(1, 6, (1,), generator=generator))
+    num_classes = int(torch.randint(1, 90, (1,), generator=generator))
+    boxes, scores = random_head_outputs(generator, batch, num_classes, level_shapes, reg_max, dtype, device)
+    out = detect_decode(boxes, scores, level_shapes, level_strides, reg_max)
+    assert_matches_reference(out, boxes, scores, level_shapes, level_strides, reg_max, xywh=True)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_xyxy(generator, device):
+    level_shapes, level_strides = LAYOUTS["480x640"]
+    boxes, scores = random_head_outputs(generator, 2, 80, level_shapes, 16, torch.float32, device)
+    out = detect_decode(boxes, scores, level_shapes, level_strides, xywh=False)
+    assert_matches_reference(out, boxes, scores, level_shapes, level_strides, 16, xywh=False)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_non_contiguous_inputs(generator, device, dtype):
+    """Anchor-major storage (as a channels-last head would give) and a channel slice of a wider tensor."""
+    level_shapes, level_strides = LAYOUTS["320x256"]
+    boxes, scores = random_head_outputs(generator, 3, 20, level_shapes, 16, dtype, device)
+    boxes_anchor_major = boxes.transpose(1, 2).contiguous().transpose(1, 2)
+    scores_sliced = torch.cat((scores, scores), 1)[:, 20:]
+    assert not boxes_anchor_major.is_contiguous() and not scores_sliced.is_contiguous()
+    out = detect_decode(boxes_anchor_major, scores_sliced, level_shapes, level_strides)
+    torch.testing.assert_close(out, detect_decode(boxes, scores, level_shapes, level_strides), rtol=0, atol=0)
+    assert_matches_reference(out, boxes, scores, level_shapes, level_strides, 16, xywh=True)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_empty_batch(device):
+    level_shapes, level_strides = LAYOUTS["one-level"]
+    boxes = torch.randn(0, 64, 91, device=device)
+    out = detect_decode(boxes, torch.randn(0, 5, 91, device=device), level_shapes, level_strides)
+    assert out.shape == (0, 9, 91)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_cuda_equals_cpu(generator, dtype):
+    level_shapes, level_strides = LAYOUTS["480x640"]
+    boxes, scores = random_head_outputs(generator, 4, 80, level_shapes, 16, dtype, "cpu")
+    out_cpu = detect_decode(boxes, scores, level_shapes, level_strides)
+    out_cuda = detect_decode(boxes.cuda(), scores.cuda(), level_shapes, level_strides)
+    rtol, atol = TOLERANCES[dtype]
+    torch.testing.assert_close(out_cuda.cpu(), out_cpu, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_opcheck(generator, device):
+    level_shapes, level_strides = LAYOUTS["320x256"]
+    boxes, scores = random_head_outputs(generator, 2, 7, level_shapes, 16, torch.float32, device)
+    flat_shapes = [size for shape in level_shapes for size in shape]
+    torch.library.opcheck(
+        torch.ops.yolo_fastdetect.detect_decode.default,
+        (boxes, scores, flat_shapes, [float(s) for s in level_strides], 16, True),
+    )
+
+
+def test_torch_compile_fullgraph(generator):
+    level_shapes, level_strides = LAYOUTS["320x256"]
+    boxes, scores = random_head_outputs(generator, 2, 7, level_shapes, 16, torch.float32, "cpu")
+    compiled = torch.compile(lambda b, s: detect_decode(b, s, level_shapes, level_strides) * 2, fullgraph=True,
+                             backend="aot_eager")
+    torch.testing.assert_close(compiled(boxes, scores), detect_decode(boxes, scores, level_shapes, level_strides) * 2)
+
+
+def _call(device, boxes_shape=(2, 64, 91), scores_shape=(2, 5, 91), level_shapes=((7, 13),), level_strides=(16,),
+          reg_max=16, dtype=torch.float32, scores_dtype=None, scores_device=None):
+    boxes = torch.randn(boxes_shape, device=device).to(dtype)
+    scores = torch.randn(scores_shape, device=scores_device or device).to(scores_dtype or dtype)
+    flat_shapes = [size for shape in level_shapes for size in shape]
+    return torch.ops.yolo_fastdetect.detect_decode(boxes, scores, flat_shapes, list(map(float, level_strides)),
+                                                   reg_max, True)
+
+
+BAD_INPUTS = {
+    "boxes rank": (dict(boxes_shape=(64, 91)), ValueError, "boxes"),
+    "scores rank": (dict(scores_shape=(2, 5, 91, 1)), ValueError, "scores"),
+    "box channels": (dict(boxes_shape=(2, 60, 91)), ValueError, "4\\*reg_max"),
+    "batch mismatch": (dict(scores_shape=(3, 5, 91)), ValueError, "batch"),
+    "anchor mismatch": (dict(scores_shape=(2, 5, 90)), ValueError, "anchors"),
+    "levels sum": (dict(level_shapes=((7, 12),)), ValueError, "level_shapes"),
+    "level count": (dict(level_shapes=((7, 13), (1, 1)),), ValueError, "level_shapes"),
+    "level size": (dict(level_shapes=((0, 13),), boxes_shape=(2, 64, 0), scores_shape=(2, 5, 0)), ValueError,
+                   "level_shapes"),
+    "stride": (dict(level_strides=(-8,)), ValueError, "level_strides"),
+    "reg_max": (dict(reg_max=8, boxes_shape=(2, 32, 91)), ValueError, "reg_max"),
+    "dtype": (dict(dtype=torch.float64), TypeError, "boxes"),
+    "dtype int": (dict(dtype=torch.int32), TypeError, "boxes"),
+    "dtype mismatch": (dict(scores_dtype=torch.float16), TypeError, "scores"),
+}
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_raises_naming_argument(device, case):
+    kwargs, error, name = BAD_INPUTS[case]
+    with pytest.raises(error, match=name):
+        _call(device, **kwargs)
+
+
+@pytest.mark.cuda
+def test_inputs_on_different_devices():
+    with pytest.raises(RuntimeError, match="scores"):
+        _call("cuda", scores_device="cpu")

@@ -1,0 +1,96 @@
+"""Timing helpers shared by the benchmarks: CUDA events, medians after warm-up, rotation over input sets."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+
+def median_ms(
+    fn: Callable[..., object],
+    inputs: Sequence[tuple],
+    device: str,
+    warmup: int = 10,
+    repeats: int = 30,
+    calls_per_repeat: int = 20,
+) -> float:
+    """Median milliseconds per call of ``fn(*inputs[i])``, rotating over ``inputs`` (several sets, so that
+    repeated calls do not all hit in the L2 cache).
+
+    On CUDA each repeat is bracketed by events around ``calls_per_repeat`` back-to-back calls, so the number
+    includes the launch overhead a user pays in eager mode; on the CPU a wall clock is used.
+    """
+    for i in range(warmup):
+        fn(*inputs[i % len(inputs)])
+    samples = []
+    for _ in range(repeats):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            for i in range(calls_per_repeat):
+                fn(*inputs[i % len(inputs)])
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / calls_per_repeat)
+        else:
+            begin = time.perf_counter()
+            for i in range(calls_per_repeat):
+                fn(*inputs[i % len(inputs)])
+            samples.append((time.perf_counter() - begin) * 1e3 / calls_per_repeat)
+    return statistics.median(samples)
+
+
+def graph_median_ms(fn: Callable[..., object], inputs: Sequence[tuple], repeats: int = 30) -> float | None:
+    """Median GPU milliseconds per call with the launch overhead removed: one call per input set captured
+    into a CUDA graph and replayed. None if ``fn`` cannot be captured."""
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for args in inputs:  # warm-up outside the capture (allocations, lazy initialisation)
+                fn(*args)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for args in inputs:
+                fn(*args)
+    except Exception:  # noqa: BLE001 - uncapturable code is reported as such, not as a failure
+        return None
+    graph.replay()
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / len(inputs))
+    return statistics.median(samples)
+
+
+def copy_bandwidth_gbs(num_bytes: int = 2 << 30) -> float:
+    """Device-to-device copy bandwidth in GB/s (bytes read plus bytes written), the ceiling for memory-bound ops."""
+    source = torch.empty(num_bytes // 2, dtype=torch.uint8, device="cuda").random_(0, 255)
+    target = torch.empty_like(source)
+    ms = median_ms(lambda: target.copy_(source), [()], "cuda", warmup=3, repeats=10, calls_per_repeat=5)
+    return 2 * source.numel() / (ms * 1e-3) / 1e9
+
+
+def environment_line() -> str:
+    """GPU (or CPU), torch version and date, for the header of a benchmark's table."""
+    import datetime
+    import platform
+    import subprocess
+
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({platform.processor() or 'x86_64'})"
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                timeout=10).stdout.strip() or "unknown"
+    except OSError:
+        commit = "unknown"
+    threads = torch.get_num_threads()
+    return f"{datetime.date.today()} | {device} | torch {torch.__version__} | {threads} CPU threads | commit {commit}"
