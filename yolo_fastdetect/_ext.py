@@ -119,12 +119,11 @@ def build(verbose: bool = False) -> Path:
               file=sys.stderr, flush=True)
     # The C++ standard is left to torch (C++20 from 2.13 on). The CPU kernels are compiled for this machine's
     # instruction set (the cache key includes the CPU) with trapping math off, so their loops vectorise.
-    cflags = ["-O3", "-march=native", "-fno-trapping-math", "-fopenmp"]
+    cflags = ["-O3", "-march=native", "-fno-trapping-math"]
     cpp_extension.load(
         name=EXTENSION_NAME,
         sources=[str(s) for s in _sources(with_cuda)],
         extra_cflags=cflags,
-        extra_ldflags=["-fopenmp"],
         extra_cuda_cflags=["-O3", "-lineinfo"],
         build_directory=str(directory),
         with_cuda=with_cuda,

@@ -60,7 +60,9 @@ def time_decode(batch: int, dtype_name: str, device: str, compile_stock: bool, b
 
     with torch.inference_mode():
         reference = run_stock(*inputs[0]).float()
-        assert (run_ours(*inputs[0]).float() - reference).abs().max() < 1.0, "fused decode disagrees with stock"
+        # stock rounds to the dtype between its steps: allow a few output ulps of difference
+        relative_error = ((run_ours(*inputs[0]).float() - reference).abs() / (1 + reference.abs())).max()
+        assert relative_error < 8 * torch.finfo(dtype).eps, f"fused decode disagrees with stock ({relative_error})"
         row = {"batch": batch, "dtype": dtype_name}
         row["stock"] = median_ms(run_stock, inputs, device)
         row["ours"] = median_ms(run_ours, inputs, device)
