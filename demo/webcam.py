@@ -28,6 +28,7 @@ import numpy as np
 
 IMAGE_SUFFIXES = {".bmp", ".jpeg", ".jpg", ".png", ".tif", ".tiff", ".webp"}
 STAGES = ("capture", "preprocess", "inference", "postprocess")
+STAGE_LABELS = {"capture": "capture", "preprocess": "pre", "inference": "infer", "postprocess": "post"}  # on screen
 OVERLAY_WINDOW = 30  # frames averaged for the numbers drawn on screen
 WINDOW_NAME = "yolo_fastdetect demo"
 
@@ -170,8 +171,8 @@ def set_patch(on: bool) -> None:
 
 def draw_overlay(image: np.ndarray, mode: str, timings: ModeTimings, device: str, keys_help: bool) -> None:
     """Write the mode, FPS and per-stage latency (means of the last frames) in the top-left corner."""
-    stage_text = "  ".join(f"{stage[:5]} {timings.mean_ms(stage, OVERLAY_WINDOW):.1f}" for stage in STAGES)
-    lines = [f"yolo_fastdetect: {mode}", f"{timings.fps(OVERLAY_WINDOW):.1f} FPS on {device}", f"ms: {stage_text}"]
+    stage_text = "  ".join(f"{STAGE_LABELS[stage]} {timings.mean_ms(stage, OVERLAY_WINDOW):.1f}" for stage in STAGES)
+    lines = [f"yolo_fastdetect: {mode}", f"{timings.fps(OVERLAY_WINDOW):.1f} FPS on {device}", f"{stage_text} ms"]
     if keys_help:
         lines.append("q quit  p patch on/off  s save")
     scale = max(0.5, image.shape[1] / 1600)
