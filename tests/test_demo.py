@@ -12,28 +12,23 @@ import cv2
 import pytest
 import ultralytics
 
-DEMO = Path(__file__).resolve().parents[1] / "demo" / "webcam.py"
+DEMO_DIR = Path(__file__).resolve().parents[1] / "demo"
 ASSETS = Path(ultralytics.__file__).parent / "assets"
 
 
-def run_demo(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """Run the demo with the test environment (offline); stdout and stderr separately."""
+def run_script(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """Run ``demo/<script>`` with the test environment (offline); stdout and stderr separately."""
     environment = {key: value for key, value in os.environ.items() if key != "YOLO_FASTDETECT"}
-    return subprocess.run([sys.executable, str(DEMO), *args], cwd=cwd, env=environment, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run([sys.executable, str(DEMO_DIR / script), *args], cwd=cwd, env=environment,
+                          capture_output=True, text=True, timeout=600)
 
 
-def write_video(path: Path, frames: int) -> None:
-    """An mp4 alternating bus.jpg and zidane.jpg at 640x480."""
-    images = [cv2.resize(cv2.imread(str(ASSETS / name)), (640, 480)) for name in ("bus.jpg", "zidane.jpg")]
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 10, (640, 480))
-    for index in range(frames):
-        writer.write(images[index % 2])
-    writer.release()
+def run_demo(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return run_script("webcam.py", *args, cwd=cwd)
 
 
 def test_headless_demo_writes_video_and_summary(tmp_path):
-    write_video(tmp_path / "clip.mp4", frames=6)
+    assert run_script("make_clip.py", "clip.mp4", "--frames", "6", cwd=tmp_path).returncode == 0
     result = run_demo("--source", "clip.mp4", "--model", "yolo12n.yaml", "--device", "cpu", "--imgsz", "320",
                       "--headless", "--output", "out.mp4", "--frames", "4", "--warmup", "1",
                       "--save-frame", "1", "--save-dir", "shots", cwd=tmp_path)

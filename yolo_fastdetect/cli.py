@@ -76,14 +76,20 @@ def patch_state() -> str:
     import yolo_fastdetect
 
     if yolo_fastdetect.is_enabled():
-        return "on (the Detect head decodes in the fused operator)"
+        from yolo_fastdetect import patches
+
+        return f"on ({', '.join(patch.__name__.rsplit('.', 1)[-1] for patch in patches.PATCHES)})"
     if os.environ.get("YOLO_FASTDETECT") == "0":
         return "off (YOLO_FASTDETECT=0)"
     return "off (unsupported Ultralytics version)"
 
 
 def _export_runs_stock(exporter) -> None:
-    """``on_export_start`` callback: export the stock graph, never one that calls yolo_fastdetect's operators."""
+    """``on_export_start`` callback: export the stock graph, never one that calls yolo_fastdetect's operators.
+
+    The exporter's dry run comes before this callback, but it already takes the stock path: the patched head
+    falls back to the original method in export mode.
+    """
     import yolo_fastdetect
     from ultralytics.utils import LOGGER
 
