@@ -164,9 +164,13 @@ def patch_mode() -> str:
 
 
 def set_patch(on: bool) -> None:
+    """Switch the yolo_fastdetect patch; the running predictor uses the new mode from its next frame."""
     import yolo_fastdetect
 
-    yolo_fastdetect.enable() if on else yolo_fastdetect.disable()
+    if on:
+        yolo_fastdetect.enable()
+    else:
+        yolo_fastdetect.disable()
 
 
 def draw_overlay(image: np.ndarray, mode: str, timings: ModeTimings, device: str, keys_help: bool) -> None:
