@@ -101,13 +101,23 @@ def build_dir(with_cuda: bool) -> Path:
     return root / f"torch{torch.__version__}-{cuda_tag}-{python_tag}-{digest.hexdigest()[:12]}"
 
 
+def _builds_cuda() -> bool:
+    """Whether this machine's build compiles the CUDA sources (a toolkit exists and no CPU-only build was asked)."""
+    return _cuda_home() is not None and os.environ.get("YOLO_FASTDETECT_CPU_ONLY", "0") != "1"
+
+
+def library_path() -> Path:
+    """Where this machine's operator library is, or will be once built (nothing is compiled here)."""
+    return build_dir(_builds_cuda()) / f"{EXTENSION_NAME}.so"
+
+
 def build(verbose: bool = False) -> Path:
     """Compile (if needed) and load the operators; return the shared library's path. Raises on failure."""
     from torch.utils import cpp_extension
 
-    cuda_home = _cuda_home()
-    with_cuda = cuda_home is not None and os.environ.get("YOLO_FASTDETECT_CPU_ONLY", "0") != "1"
+    with_cuda = _builds_cuda()
     if with_cuda:
+        cuda_home = _cuda_home()
         cpp_extension.CUDA_HOME = cuda_home
         os.environ["CUDA_HOME"] = cuda_home
         os.environ["TORCH_CUDA_ARCH_LIST"] = cuda_arch_list()

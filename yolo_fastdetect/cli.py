@@ -1,9 +1,106 @@
-"""Command line: ``yolo-fastdetect build | info | bench NAME [options]``."""
+"""The ``yolo-fastdetect`` console script: the ``yolo`` command with the patch on, plus commands of its own.
+
+``yolo-fastdetect predict model=yolo12n.pt source=0 half=True`` (and ``val``, ``track``, ``train``, ``export``,
+``help``, ...) takes exactly the ``yolo`` syntax and runs Ultralytics' own entrypoint, so saving, streaming, the
+run folder and every message are those of ``yolo``. ``export`` runs stock: an exported model must not depend on
+this package. The commands of its own are ``build``, ``info`` and ``bench NAME``.
+
+``patch_yolo_command()`` is also what the start-up hook (``patches/yolo_fastdetect_hook.pth``) calls when the plain
+``yolo`` command runs with ``YOLO_FASTDETECT=1``.
+"""
 
 from __future__ import annotations
 
 import importlib
+import os
+import pkgutil
+import site
 import sys
+from pathlib import Path
+
+HOOK_FILE_NAME = "yolo_fastdetect_hook.pth"
+
+USAGE = """\
+usage: yolo-fastdetect MODE [key=value ...]    the `yolo` command with yolo_fastdetect's kernels, e.g.
+         yolo-fastdetect predict model=yolo12n.pt source=0 half=True
+         yolo-fastdetect val model=yolo12n.pt data=coco8.yaml
+         (`export` runs stock; `yolo-fastdetect help` shows Ultralytics' help)
+       yolo-fastdetect build                   compile the operators now
+       yolo-fastdetect info                    versions, GPU, operators built, patch state, `yolo` hook
+       yolo-fastdetect bench NAME [options]    run a benchmark of yolo_fastdetect.bench"""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``yolo-fastdetect`` and ``python -m yolo_fastdetect``."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = argv[0] if argv else "--help"
+    if command in ("-h", "--help"):
+        print(USAGE)
+    elif command == "build":
+        _build()
+    elif command == "info":
+        _info()
+    elif command == "bench":
+        _bench(argv[1:])
+    else:
+        run_yolo(argv)
+
+
+def run_yolo(argv: list[str]) -> None:
+    """Run ``yolo ARGV...`` (Ultralytics' ``ultralytics.cfg.entrypoint``) in this process with the patch on."""
+    # Ultralytics treats a run as a CLI run (results saved, run folder printed) only when argv[0] ends in "yolo".
+    # The list is changed in place because Ultralytics keeps a reference to it (ultralytics.utils.ARGV).
+    sys.argv[:] = [os.path.join(os.path.dirname(sys.argv[0]), "yolo"), *argv]
+    patch_yolo_command()
+
+    from ultralytics.cfg import entrypoint
+
+    entrypoint()
+
+
+def patch_yolo_command() -> None:
+    """Enable the patch for a ``yolo`` command run, say so in its log, and make ``export`` run stock (idempotent)."""
+    import yolo_fastdetect  # importing enables the patch, unless YOLO_FASTDETECT=0
+    from ultralytics.utils import LOGGER
+    from ultralytics.utils.callbacks.base import default_callbacks
+
+    if _export_runs_stock in default_callbacks["on_export_start"]:
+        return  # already done: site-packages can be listed twice (lib and lib64), running the hook twice
+    # Callbacks added here reach every model the entrypoint builds afterwards.
+    default_callbacks["on_export_start"].append(_export_runs_stock)
+    LOGGER.info(f"yolo_fastdetect {yolo_fastdetect.__version__}: patch {patch_state()}")
+
+
+def patch_state() -> str:
+    """Whether Ultralytics is patched, as logs and ``info`` print it: ``on (...)`` or ``off (why)``."""
+    import yolo_fastdetect
+
+    if yolo_fastdetect.is_enabled():
+        from yolo_fastdetect import patches
+
+        return f"on ({', '.join(patch.__name__.rsplit('.', 1)[-1] for patch in patches.PATCHES)})"
+    if os.environ.get("YOLO_FASTDETECT") == "0":
+        return "off (YOLO_FASTDETECT=0)"
+    return "off (unsupported Ultralytics version)"
+
+
+def _export_runs_stock(exporter) -> None:
+    """``on_export_start`` callback: export the stock graph, never one that calls yolo_fastdetect's operators.
+
+    The exporter's dry run comes before this callback, but it already takes the stock path: the patched head
+    falls back to the original method in export mode.
+    """
+    import yolo_fastdetect
+    from ultralytics.utils import LOGGER
+
+    yolo_fastdetect.disable()
+    LOGGER.info("yolo_fastdetect: export runs stock Ultralytics (patch off); the exported model does not need it")
+
+
+def installed_hook() -> Path | None:
+    """The ``.pth`` start-up hook in this interpreter's site-packages, or None when it is not installed."""
+    site_dirs = [*site.getsitepackages(), site.getusersitepackages()]
+    return next((Path(d) / HOOK_FILE_NAME for d in site_dirs if (Path(d) / HOOK_FILE_NAME).is_file()), None)
 
 
 def _build() -> None:
@@ -13,31 +110,39 @@ def _build() -> None:
 
 
 def _info() -> None:
+    """Print what is installed and what runs; never compiles anything."""
     import torch
+    import ultralytics
 
-    from . import __version__, _ext, is_enabled
+    from . import __version__, _ext
 
-    print(f"yolo_fastdetect {__version__}, torch {torch.__version__} (CUDA {torch.version.cuda})")
-    print(f"GPU: {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'}")
-    print(f"operators loaded: {_ext.available()}, CUDA kernels: {_ext.has_cuda_kernels()}")
-    print(f"patch enabled: {is_enabled()}")
+    print(f"yolo_fastdetect: {__version__} ({Path(__file__).parent})")
+    print(f"ultralytics: {ultralytics.__version__}, torch: {torch.__version__} (CUDA {torch.version.cuda}), "
+          f"Python: {sys.version.split()[0]}")
+    gpus = [f"{torch.cuda.get_device_name(i)} (sm_{''.join(map(str, torch.cuda.get_device_capability(i)))})"
+            for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    print(f"GPU: {', '.join(gpus) or 'none'}")
+
+    library = _ext.library_path()
+    if library.is_file():
+        loaded = _ext.available()  # loads the cached library; no compilation since it exists
+        kernels = "CPU+CUDA" if loaded and _ext.has_cuda_kernels() else "CPU"
+        archs = f" for sm {_ext.cuda_arch_list()}" if kernels == "CPU+CUDA" else ""
+        print(f"operators: built ({kernels}{archs}), {'loaded' if loaded else 'NOT loadable'}: {library}")
+    else:
+        print(f"operators: not built yet (built on first use, or now with `yolo-fastdetect build`): {library}")
+
+    print(f"patch: {patch_state()}")
+    hook = installed_hook()
+    print(f"yolo hook: installed ({hook}); `YOLO_FASTDETECT=1 yolo ...` runs patched" if hook
+          else "yolo hook: not installed (install the package with pip to get it)")
 
 
 def _bench(argv: list[str]) -> None:
-    if not argv:
-        raise SystemExit("usage: yolo-fastdetect bench NAME [options]  (NAME: a module of yolo_fastdetect.bench)")
+    """Run ``yolo_fastdetect.bench.<NAME>.main(argv)``; every benchmark module keeps that contract."""
+    from . import bench
+
+    names = sorted(module.name for module in pkgutil.iter_modules(bench.__path__))
+    if not argv or argv[0] not in names:
+        raise SystemExit(f"usage: yolo-fastdetect bench NAME [options]   NAME: {', '.join(names) or '(none yet)'}")
     importlib.import_module(f"yolo_fastdetect.bench.{argv[0]}").main(argv[1:])
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Entry point of ``yolo-fastdetect`` and ``python -m yolo_fastdetect``."""
-    argv = sys.argv[1:] if argv is None else argv
-    command, rest = (argv[0], argv[1:]) if argv else ("info", [])
-    if command == "build":
-        _build()
-    elif command == "info":
-        _info()
-    elif command == "bench":
-        _bench(rest)
-    else:
-        raise SystemExit(f"unknown command {command!r}; use build, info or bench")

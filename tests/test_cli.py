@@ -1,0 +1,92 @@
+"""The ``yolo-fastdetect`` console script and the ``YOLO_FASTDETECT=1 yolo`` start-up hook, run as a user runs them.
+
+Each case starts a process (a few seconds each: torch and Ultralytics import, a random-weight yolo12n at 320).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import pytest
+import ultralytics
+
+import yolo_fastdetect
+from yolo_fastdetect import cli
+
+BUS = Path(ultralytics.__file__).parent / "assets" / "bus.jpg"
+PATCH_ON = f"yolo_fastdetect {yolo_fastdetect.__version__}: patch on"
+
+
+def console_script(name: str) -> str:
+    """Path of an installed console script of this interpreter's environment."""
+    path = Path(sys.executable).with_name(name)
+    if not path.is_file():
+        pytest.skip(f"{name} is not installed (pip install -e .)")
+    return str(path)
+
+
+def run(command: list[str], cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess:
+    """Run ``command`` offline with Ultralytics' log on (its messages are what the tests read); stdout+stderr."""
+    environment = {key: value for key, value in os.environ.items() if key != "YOLO_FASTDETECT"}
+    environment.update(YOLO_VERBOSE="true", **env)
+    return subprocess.run(command, cwd=cwd, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=600)
+
+
+def predict_args(project: Path, name: str) -> list[str]:
+    return ["predict", "model=yolo12n.yaml", f"source={BUS}", "imgsz=320", f"project={project}", f"name={name}"]
+
+
+def assert_saved_annotated_bus(run_dir: Path) -> None:
+    saved = cv2.imread(str(run_dir / "bus.jpg"))
+    assert saved is not None, f"no annotated image in {run_dir}"
+    assert saved.shape == cv2.imread(str(BUS)).shape
+
+
+def test_console_script_predicts_like_yolo(tmp_path):
+    result = run([console_script("yolo-fastdetect"), *predict_args(tmp_path, "run")])
+    assert result.returncode == 0, result.stdout
+    assert PATCH_ON in result.stdout
+    assert "Results saved to" in result.stdout  # Ultralytics took it for a CLI run
+    assert_saved_annotated_bus(tmp_path / "run")
+
+
+def test_info_reports_patch_state():
+    script = console_script("yolo-fastdetect")
+    on, off = run([script, "info"]), run([script, "info"], YOLO_FASTDETECT="0")
+    assert on.returncode == 0 and off.returncode == 0, on.stdout + off.stdout
+    assert "patch: on" in on.stdout
+    assert "patch: off (YOLO_FASTDETECT=0)" in off.stdout
+    assert "operators:" in on.stdout and "GPU:" in on.stdout
+
+
+def test_plain_yolo_is_patched_only_with_the_variable(tmp_path):
+    yolo = console_script("yolo")
+    if cli.installed_hook() is None:
+        pytest.skip(f"{cli.HOOK_FILE_NAME} is not installed in site-packages (pip install -e .)")
+    patched = run([yolo, *predict_args(tmp_path, "patched")], YOLO_FASTDETECT="1")
+    stock = run([yolo, *predict_args(tmp_path, "stock")])
+    assert patched.returncode == 0 and stock.returncode == 0, patched.stdout + stock.stdout
+    assert PATCH_ON in patched.stdout
+    assert "yolo_fastdetect" not in stock.stdout
+    assert_saved_annotated_bus(tmp_path / "patched")
+    assert_saved_annotated_bus(tmp_path / "stock")
+
+
+def test_export_runs_stock_and_says_so(tmp_path):
+    result = run([console_script("yolo-fastdetect"), "export", "model=yolo12n.yaml", "format=torchscript",
+                  "imgsz=64"], cwd=tmp_path)
+    assert result.returncode == 0, result.stdout
+    assert "yolo_fastdetect: export runs stock Ultralytics" in result.stdout
+    assert (tmp_path / "yolo12n.torchscript").is_file()
+
+
+def test_usage_and_unknown_benchmark(capsys):
+    cli.main([])
+    assert "yolo-fastdetect MODE [key=value ...]" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="usage: yolo-fastdetect bench NAME"):
+        cli.main(["bench", "no_such_benchmark"])
