@@ -54,12 +54,17 @@ class HeadCapture:
 def _detect_heads(model_or_predictor) -> list[nn.Module]:
     """Every ``Detect`` head reachable from a ``YOLO`` model, a predictor or an ``nn.Module``.
 
-    A ``YOLO`` object's predictor holds its own deep copy of the network, so both are searched.
+    Follows ``.predictor`` and ``.model`` links: a ``YOLO`` object's predictor holds its own deep copy of the
+    network, behind ``AutoBackend`` (whose ``.model`` is the network).
     """
     from ultralytics.nn.modules.head import Detect
 
-    predictor = getattr(model_or_predictor, "predictor", None)
-    roots = (model_or_predictor, getattr(model_or_predictor, "model", None), getattr(predictor, "model", None))
+    roots, pending = [], [model_or_predictor, getattr(model_or_predictor, "predictor", None)]
+    while pending:
+        root = pending.pop()
+        if root is not None and not any(root is seen for seen in roots):
+            roots.append(root)
+            pending.append(getattr(root, "model", None))
     heads = []
     for root in roots:
         if isinstance(root, nn.Module):
