@@ -1,4 +1,4 @@
-"""RoIAlign and MultiScaleRoIAlign: the float64 reference, torchvision, gradients, edge cases, bad input, CPU == CUDA."""
+"""RoIAlign and MultiScaleRoIAlign: float64 reference, torchvision, gradients, edge cases, bad input, CPU == CUDA."""
 
 from __future__ import annotations
 
@@ -130,7 +130,9 @@ def test_empty_and_zero_size_rois(generator, device):
     for pool_mode in ("avg", "max"):
         assert roi_align(x, zero, 2, pool_mode=pool_mode).abs().sum() == 0
     torch.testing.assert_close(roi_align(x, zero, 2, aligned=False), torchvision.ops.roi_align(x, zero, 2))
-    torch.testing.assert_close(roi_align(x, zero, 2, sampling_ratio=2), torchvision.ops.roi_align(x, zero, 2, 1.0, 2, True))
+    torch.testing.assert_close(
+        roi_align(x, zero, 2, sampling_ratio=2), torchvision.ops.roi_align(x, zero, 2, 1.0, 2, True)
+    )
 
 
 @pytest.mark.parametrize("device", devices())
@@ -242,7 +244,8 @@ def test_bad_batch_index_under_graph_capture(generator):
 def test_cuda_matches_cpu(generator, dtype, pool_mode):
     """Larger than the other tests: several channel chunks (C = 70) and bin chunks (9 x 9 = 81 bins)."""
     x = features(generator, (3, 70, 23, 31), dtype)
-    rois = random_rois(generator, 3, 23, 31, 200, spatial_scale=0.5).to(dtype if dtype == torch.float64 else torch.float32)
+    rois = random_rois(generator, 3, 23, 31, 200, spatial_scale=0.5)
+    rois = rois.to(dtype if dtype == torch.float64 else torch.float32)
     grad = features(generator, (200, 70, 9, 9), dtype)
     outputs, grads = [], []
     for device in ("cpu", "cuda"):

@@ -176,6 +176,11 @@ YFD_HOST_DEVICE bool roi_source(const acc_t* roi, const int64_t* roi_levels, int
   return true;
 }
 
+// float64 features accumulate in float64, everything else in float32 (at::opmath_type, as a runtime dtype).
+inline at::ScalarType accumulation_dtype(at::ScalarType dtype) {
+  return dtype == at::kDouble ? at::kDouble : at::kFloat;
+}
+
 // Host-side checks shared by both launchers (defined in roi_align_cpu.cpp). They raise errors that name the
 // argument, build the level table and return rois as a contiguous (K, 5) tensor in the accumulation dtype.
 // `roi_levels` may be undefined (single level). Batch indices are checked against the data on the host only

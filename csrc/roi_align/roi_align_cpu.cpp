@@ -28,9 +28,6 @@ bool supported_dtype(at::ScalarType dtype) {
   return dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kDouble;
 }
 
-// float64 features accumulate in float64, everything else in float32.
-at::ScalarType accumulation_dtype(at::ScalarType dtype) { return dtype == at::kDouble ? at::kDouble : at::kFloat; }
-
 PoolParams pool_params(const char* op, int64_t pooled_height, int64_t pooled_width, int64_t sampling_ratio,
                        bool aligned, bool max_mode) {
   TORCH_CHECK_VALUE(pooled_height > 0 && pooled_width > 0, op, ": output_size must be positive, got (",
@@ -244,7 +241,8 @@ void backward_kernel(const LevelTable<acc_t>& grads, const acc_t* rois, const in
           };
           if (params.max_mode) {
             const int32_t best_sample = argmax[out_index];
-            if (best_sample >= 0 && best_sample < static_cast<int64_t>(taps.size())) scatter(taps[best_sample], gradient);
+            if (best_sample >= 0 && best_sample < static_cast<int64_t>(taps.size()))
+              scatter(taps[best_sample], gradient);
           } else {
             for (const auto& sample : taps) scatter(sample, gradient / count);
           }
@@ -285,7 +283,8 @@ std::vector<at::Tensor> multiscale_backward_cpu(const at::Tensor& grad_output, c
   const at::ScalarType dtype = grad_output.scalar_type();
   std::vector<at::Tensor> grads;
   for (size_t level = 0; level < feature_shapes.size() / 4; ++level)
-    grads.push_back(at::zeros(feature_shapes.slice(4 * level, 4), grad_output.options().dtype(accumulation_dtype(dtype))));
+    grads.push_back(
+        at::zeros(feature_shapes.slice(4 * level, 4), grad_output.options().dtype(accumulation_dtype(dtype))));
   if (grad_output.numel() > 0) {
     const at::Tensor grad_contiguous = grad_output.contiguous();
     const at::Tensor argmax_contiguous = max_mode ? argmax.contiguous() : argmax;

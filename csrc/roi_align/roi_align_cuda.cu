@@ -244,13 +244,12 @@ std::vector<at::Tensor> multiscale_backward_cuda(const at::Tensor& grad_output, 
   const CheckedArgs args = check_backward_args("roi_align_backward", grad_output, rois, roi_levels, argmax,
                                                feature_shapes, spatial_scales, sampling_ratio, aligned, max_mode);
   const at::ScalarType dtype = grad_output.scalar_type();
-  const at::ScalarType acc_dtype = dtype == at::kDouble ? at::kDouble : at::kFloat;
   // Gradients accumulate in NHWC buffers of the accumulation type, viewed as (N, C, H, W).
   std::vector<at::Tensor> buffers;
   for (size_t level = 0; level < feature_shapes.size() / 4; ++level) {
     const at::IntArrayRef shape = feature_shapes.slice(4 * level, 4);
-    buffers.push_back(at::zeros({shape[0], shape[2], shape[3], shape[1]}, grad_output.options().dtype(acc_dtype))
-                          .permute({0, 3, 1, 2}));
+    const at::TensorOptions options = grad_output.options().dtype(accumulation_dtype(dtype));
+    buffers.push_back(at::zeros({shape[0], shape[2], shape[3], shape[1]}, options).permute({0, 3, 1, 2}));
   }
   if (grad_output.numel() > 0) {
     const at::Tensor grad_contiguous = grad_output.contiguous();
@@ -269,7 +268,8 @@ std::vector<at::Tensor> multiscale_backward_cuda(const at::Tensor& grad_output, 
   }
   // One transposing (and, for 16-bit types, casting) copy per level into the contiguous (N, C, H, W) result.
   std::vector<at::Tensor> grads;
-  for (const at::Tensor& buffer : buffers) grads.push_back(at::empty(buffer.sizes(), buffer.options().dtype(dtype)).copy_(buffer));
+  for (const at::Tensor& buffer : buffers)
+    grads.push_back(at::empty(buffer.sizes(), buffer.options().dtype(dtype)).copy_(buffer));
   return grads;
 }
 
