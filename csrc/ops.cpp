@@ -10,4 +10,24 @@ TORCH_LIBRARY(yolo_fastdetect, m) {
   m.def(
       "detect_decode(Tensor boxes, Tensor scores, int[] level_shapes, float[] level_strides, int reg_max, "
       "bool xywh) -> Tensor");
+
+  // RoIAlign (mmcv / torchvision semantics): pools every RoI [batch_index, x1, y1, x2, y2] (input pixels) of
+  // rois (K, 5) into (K, C, pooled_height, pooled_width). sampling_ratio <= 0 samples ceil(bin size) points per
+  // bin side; aligned shifts by half a pixel; max_mode pools the largest sample instead of the mean. Returns the
+  // pooled features and, in max mode, the int32 index of the chosen sample per output (empty otherwise), which
+  // the backward pass takes back. input_shape / feature_shapes are (N, C, H, W) of each level, flattened.
+  m.def(
+      "roi_align(Tensor input, Tensor rois, int pooled_height, int pooled_width, float spatial_scale, "
+      "int sampling_ratio, bool aligned, bool max_mode) -> (Tensor, Tensor)");
+  m.def(
+      "roi_align_backward(Tensor grad_output, Tensor rois, Tensor argmax, SymInt[] input_shape, "
+      "float spatial_scale, int sampling_ratio, bool aligned, bool max_mode) -> Tensor");
+  // Multi-level RoIAlign in one pass: RoI k is pooled from features[roi_levels[k]] with that level's
+  // spatial scale (levels share N and C). A level or batch index out of range pools zeros.
+  m.def(
+      "multiscale_roi_align(Tensor[] features, Tensor rois, Tensor roi_levels, int pooled_height, "
+      "int pooled_width, float[] spatial_scales, int sampling_ratio, bool aligned, bool max_mode) -> (Tensor, Tensor)");
+  m.def(
+      "multiscale_roi_align_backward(Tensor grad_output, Tensor rois, Tensor roi_levels, Tensor argmax, "
+      "SymInt[] feature_shapes, float[] spatial_scales, int sampling_ratio, bool aligned, bool max_mode) -> Tensor[]");
 }

@@ -16,9 +16,33 @@ __version__ = "0.1.0"
 if not (Path(__file__).parent / "patches").is_dir() and (Path(__file__).parent.parent / "patches").is_dir():
     __path__.append(str(Path(__file__).parent.parent))  # noqa: F821 - the package's own search path
 
-from .ops import detect_decode, detect_decode_reference  # noqa: E402
+from .features import capture_head_inputs, detection_rois, roi_features  # noqa: E402
+from .ops import (  # noqa: E402
+    MultiScaleRoIAlign,
+    RoIAlign,
+    detect_decode,
+    detect_decode_reference,
+    multiscale_roi_align,
+    roi_align,
+    roi_align_reference,
+)
 
-__all__ = ["__version__", "detect_decode", "detect_decode_reference", "disable", "enable", "is_enabled"]
+__all__ = [
+    "MultiScaleRoIAlign",
+    "RoIAlign",
+    "__version__",
+    "capture_head_inputs",
+    "detect_decode",
+    "detect_decode_reference",
+    "detection_rois",
+    "disable",
+    "enable",
+    "is_enabled",
+    "multiscale_roi_align",
+    "roi_align",
+    "roi_align_reference",
+    "roi_features",
+]
 
 
 def enable() -> bool:

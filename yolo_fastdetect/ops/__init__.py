@@ -1,5 +1,17 @@
 """Typed wrappers over the ``torch.ops.yolo_fastdetect`` operators, with their fake kernels and references."""
 
 from .detect_decode import detect_decode, detect_decode_reference
+from .multiscale_roi_align import MultiScaleRoIAlign, fpn_levels, multiscale_roi_align
+from .roi_align import RoIAlign, boxes_to_rois, roi_align, roi_align_reference
 
-__all__ = ["detect_decode", "detect_decode_reference"]
+__all__ = [
+    "MultiScaleRoIAlign",
+    "RoIAlign",
+    "boxes_to_rois",
+    "detect_decode",
+    "detect_decode_reference",
+    "fpn_levels",
+    "multiscale_roi_align",
+    "roi_align",
+    "roi_align_reference",
+]
