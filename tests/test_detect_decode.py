@@ -15,6 +15,7 @@ LAYOUTS = {
     "320x256": ([(40, 32), (20, 16), (10, 8)], [8, 16, 32]),
     "p2-p5": ([(36, 20), (18, 10), (9, 5), (5, 3)], [4, 8, 16, 32]),
     "one-level": ([(7, 13)], [16]),
+    "odd-anchors": ([(15, 21), (8, 11), (4, 6)], [8, 16, 32]),  # 427 anchors: the unvectorised CUDA path
 }
 # Output rounding of the dtype dominates: float32 ~1e-7 relative, float16 2^-11, bfloat16 2^-8.
 TOLERANCES = {torch.float32: (2e-6, 1e-4), torch.float16: (1e-3, 1e-3), torch.bfloat16: (8e-3, 8e-3)}

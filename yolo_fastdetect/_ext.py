@@ -78,6 +78,14 @@ def cuda_arch_list() -> str:
     return ";".join(sorted(archs)) or "9.0"
 
 
+def cpu_flags() -> list[str]:
+    """Compiler flags of the C++ sources: ``YOLO_FASTDETECT_CXXFLAGS`` if set (say, for a portable build without
+    ``-march=native`` on a cluster of mixed CPUs), else code for this machine's instruction set (the cache key
+    includes the CPU) with trapping math off, so that the CPU kernels' loops vectorise. The C++ standard is
+    left to torch (C++20 from 2.13 on)."""
+    return os.environ.get("YOLO_FASTDETECT_CXXFLAGS", "-O3 -march=native -fno-trapping-math").split()
+
+
 def _cpu_signature() -> str:
     """The CPU model and feature flags, which ``-march=native`` code depends on."""
     try:
@@ -97,7 +105,7 @@ def build_dir(with_cuda: bool) -> Path:
         digest.update(path.name.encode() + path.read_bytes())
     cuda_tag = f"cu{torch.version.cuda}-sm{cuda_arch_list().replace(';', '_')}" if with_cuda else "cpu"
     python_tag = f"py{sys.version_info.major}{sys.version_info.minor}"
-    digest.update(_cpu_signature().encode())
+    digest.update((_cpu_signature() + " ".join(cpu_flags())).encode())
     return root / f"torch{torch.__version__}-{cuda_tag}-{python_tag}-{digest.hexdigest()[:12]}"
 
 
@@ -127,9 +135,7 @@ def build(verbose: bool = False) -> Path:
     if not library.is_file():
         print(f"yolo_fastdetect: building operators ({'CPU+CUDA' if with_cuda else 'CPU'}) in {directory} ...",
               file=sys.stderr, flush=True)
-    # The C++ standard is left to torch (C++20 from 2.13 on). The CPU kernels are compiled for this machine's
-    # instruction set (the cache key includes the CPU) with trapping math off, so their loops vectorise.
-    cflags = ["-O3", "-march=native", "-fno-trapping-math"]
+    cflags = cpu_flags()
     cpp_extension.load(
         name=EXTENSION_NAME,
         sources=[str(s) for s in _sources(with_cuda)],
