@@ -16,9 +16,25 @@ __version__ = "0.1.0"
 if not (Path(__file__).parent / "patches").is_dir() and (Path(__file__).parent.parent / "patches").is_dir():
     __path__.append(str(Path(__file__).parent.parent))  # noqa: F821 - the package's own search path
 
-from .ops import detect_decode, detect_decode_reference  # noqa: E402
+from .ops import (  # noqa: E402
+    batched_nms,
+    detect_decode,
+    detect_decode_reference,
+    non_max_suppression,
+    non_max_suppression_reference,
+)
 
-__all__ = ["__version__", "detect_decode", "detect_decode_reference", "disable", "enable", "is_enabled"]
+__all__ = [
+    "__version__",
+    "batched_nms",
+    "detect_decode",
+    "detect_decode_reference",
+    "disable",
+    "enable",
+    "is_enabled",
+    "non_max_suppression",
+    "non_max_suppression_reference",
+]
 
 
 def enable() -> bool:
