@@ -10,6 +10,7 @@ to the host.
 from __future__ import annotations
 
 import operator
+import struct
 import sys
 from collections.abc import Sequence
 
@@ -123,7 +124,7 @@ def _stock_iou_threshold(iou_thres: float, device: torch.device) -> float:
     TorchNMS (used while torchvision is not imported) and the CUDA kernels in float32."""
     if device.type == "cpu" and "torchvision" in sys.modules:
         return float(iou_thres)
-    return torch.tensor(iou_thres, dtype=torch.float32).item()
+    return struct.unpack("f", struct.pack("f", iou_thres))[0]
 
 
 def non_max_suppression(
@@ -188,12 +189,16 @@ def non_max_suppression(
         int(max_nms),
         float(max_wh),
     )
-    output, keepi = [], []
-    for image, count in enumerate(counts.tolist()):  # the one copy to the host
-        output.append(detections[image, :count])
-        # Stock leaves an empty image's indices as its (0, 1) float placeholder.
-        keepi.append(anchor_indices[image, :count] if count else torch.zeros((0, 1), device=prediction.device))
-    return (output, keepi) if return_idxs else output
+    counts = counts.tolist()  # the one copy to the host
+    output = [rows[:count] for rows, count in zip(detections.unbind(0), counts)]
+    if not return_idxs:
+        return output
+    # Stock leaves an empty image's indices as its (0, 1) float placeholder.
+    keepi = [
+        indices[:count] if count else torch.zeros((0, 1), device=prediction.device)
+        for indices, count in zip(anchor_indices.unbind(0), counts)
+    ]
+    return output, keepi
 
 
 def non_max_suppression_reference(
