@@ -42,9 +42,7 @@ struct NmsParams {
   int64_t class_filter[kMaxClassFilter];
 };
 
-// A candidate's sort key: its float32 score bits (positive floats order like their bits) above the inverted
-// candidate index, so that sorting keys in descending order sorts by score descending, then index ascending.
-// Keys are unique, which makes every selection and sort deterministic.
+// A float's bits and back (host and device).
 YFD_HOST_DEVICE uint32_t float_bits(float value) {
 #if defined(__CUDA_ARCH__)
   return __float_as_uint(value);
@@ -65,6 +63,9 @@ YFD_HOST_DEVICE float float_from_bits(uint32_t bits) {
 #endif
 }
 
+// A candidate's sort key: its float32 score bits (positive floats order like their bits) above the inverted
+// candidate index, so that sorting keys in descending order sorts by score descending, then index ascending.
+// Keys are unique, which makes every selection and sort deterministic.
 YFD_HOST_DEVICE uint64_t sort_key(float score, int64_t candidate_index, const NmsParams& params) {
   const uint32_t score_bits = float_bits(score);
   const uint64_t last_index = static_cast<uint64_t>(params.num_anchors * params.num_classes - 1);

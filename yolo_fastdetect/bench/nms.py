@@ -135,7 +135,7 @@ def bench_predict(model_name: str, device: str, half: bool, runs: int) -> None:
             nms_patch.apply() if patched else nms_patch.revert()
             speeds, detections = [], 0
             for run in range(runs + 1):  # the first run warms up
-                results = model.predict(sources, batch=64, device=device, half=half, verbose=False)
+                results = model.predict(sources, batch=64, device=device, quantize=16 if half else None, verbose=False)
                 if run:
                     speeds.append(results[0].speed)
                     detections = sum(len(r.boxes) for r in results)
