@@ -214,6 +214,19 @@ def test_nan_scores_are_dropped(generator, device):
         assert not any(d.isnan().any() for d in ours)
 
 
+@pytest.mark.parametrize("device", devices())
+def test_strided_and_degenerate_shapes(generator, device):
+    """A prediction laid out (B, A, C) and transposed, an empty batch, and images without anchors."""
+    prediction = make_prediction(generator, 3, num_extra=2).to(device)
+    strided = prediction.transpose(1, 2).contiguous().transpose(1, 2)
+    assert not strided.is_contiguous()
+    assert_same_detections(non_max_suppression(strided, nc=4, multi_label=True),
+                           stock_non_max_suppression(prediction, nc=4, multi_label=True))
+    assert non_max_suppression(prediction[:0]) == []
+    no_anchors = non_max_suppression(torch.rand(2, 10, 0, device=device), nc=4)
+    assert [tuple(d.shape) for d in no_anchors] == [(0, 8)] * 2
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
