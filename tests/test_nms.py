@@ -298,10 +298,17 @@ def test_cuda_graph_capture(generator):
 # ---- The Ultralytics patch and end-to-end parity ----
 
 
-def test_patch_apply_revert():
-    import ultralytics.utils.nms as ultralytics_nms
-
+@pytest.fixture
+def nms_patch():
     from yolo_fastdetect.patches import nms as nms_patch
+
+    was_applied = nms_patch.is_applied()
+    yield nms_patch
+    nms_patch.apply() if was_applied else nms_patch.revert()
+
+
+def test_patch_apply_revert(nms_patch):
+    import ultralytics.utils.nms as ultralytics_nms
 
     nms_patch.revert()
     assert ultralytics_nms.non_max_suppression is stock_non_max_suppression and not nms_patch.is_applied()
@@ -310,6 +317,18 @@ def test_patch_apply_revert():
     assert ultralytics_nms.non_max_suppression is non_max_suppression and nms_patch.is_applied()
     nms_patch.revert()
     assert ultralytics_nms.non_max_suppression is stock_non_max_suppression
+
+
+def test_enable_disable_switch_the_nms(nms_patch):
+    import yolo_fastdetect
+
+    was_enabled = yolo_fastdetect.is_enabled()
+    try:
+        yolo_fastdetect.disable()
+        assert not nms_patch.is_applied()
+        assert yolo_fastdetect.enable() and nms_patch.is_applied()
+    finally:
+        yolo_fastdetect.enable() if was_enabled else yolo_fastdetect.disable()
 
 
 def _detecting_model(device: str):
@@ -324,15 +343,6 @@ def _detecting_model(device: str):
         bias[[0, 5]] = 1.0
         branch[-1].bias.data.copy_(bias)
     return model.to(device)
-
-
-@pytest.fixture
-def nms_patch():
-    from yolo_fastdetect.patches import nms as nms_patch
-
-    was_applied = nms_patch.is_applied()
-    yield nms_patch
-    nms_patch.apply() if was_applied else nms_patch.revert()
 
 
 def _assets() -> list[str]:
