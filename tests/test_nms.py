@@ -331,16 +331,16 @@ def test_enable_disable_switch_the_nms(nms_patch):
         yolo_fastdetect.enable() if was_enabled else yolo_fastdetect.disable()
 
 
-def _detecting_model(device: str):
-    """yolo11n from its YAML with seeded weights; the biases of classes 0 and 5 (person, bus) raised so that random
+def _detecting_model(device: str, config: str = "yolo11n.yaml"):
+    """A model from its YAML with seeded weights; the biases of classes 0 and 5 (person, bus) raised so that random
     weights detect them, the others lowered so that the stock NMS stays fast enough to compare against."""
     from ultralytics import YOLO
 
     torch.manual_seed(0)
-    model = YOLO("yolo11n.yaml")
+    model = YOLO(config)
     for branch in model.model.model[-1].cv3:
         bias = torch.full_like(branch[-1].bias, -6.0)
-        bias[[0, 5]] = 1.0
+        bias[[c for c in (0, 5) if c < len(bias)]] = 1.0
         branch[-1].bias.data.copy_(bias)
     return model.to(device)
 
@@ -352,8 +352,10 @@ def _assets() -> list[str]:
 
 
 @pytest.mark.parametrize("device", devices())
-def test_predict_same_results(nms_patch, device):
-    model = _detecting_model(device)
+@pytest.mark.parametrize("config", ["yolo11n.yaml", "yolo11n-seg.yaml", "yolo11n-pose.yaml"])
+def test_predict_same_results(nms_patch, device, config):
+    """Detect, Segment (32 mask coefficients after the classes) and Pose (one class, 51 keypoint values)."""
+    model = _detecting_model(device, config)
     runs = {}
     for patched in (False, True):
         nms_patch.apply() if patched else nms_patch.revert()
@@ -362,6 +364,9 @@ def test_predict_same_results(nms_patch, device):
     for stock, ours in zip(runs[False], runs[True]):
         assert len(stock.boxes) > 0
         assert_same_detections([ours.boxes.data], [stock.boxes.data])
+        for extra in ("masks", "keypoints"):
+            if getattr(stock, extra) is not None:
+                assert torch.equal(getattr(ours, extra).data, getattr(stock, extra).data)
 
 
 def _write_dataset(root: Path, num_classes: int) -> Path:
