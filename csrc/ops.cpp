@@ -30,4 +30,14 @@ TORCH_LIBRARY(yolo_fastdetect, m) {
   m.def(
       "multiscale_roi_align_backward(Tensor grad_output, Tensor rois, Tensor roi_levels, Tensor argmax, "
       "SymInt[] feature_shapes, float[] spatial_scales, int sampling_ratio, bool aligned, bool max_mode) -> Tensor[]");
+
+  // Batched NMS of the head's output (B, 4 + nc + nm, A), as Ultralytics' non_max_suppression: confidence
+  // filter, best class (or every class above conf_thres when multi_label), top max_nms by score, class-offset
+  // greedy IoU suppression, max_det kept. Fixed-size outputs: detections (B, max_det, 6 + nm) float32 rows
+  // [x1, y1, x2, y2, score, class, extras...] zero-padded, counts (B,) int64, anchor_indices (B, max_det)
+  // int64 padded with -1.
+  m.def(
+      "batched_nms(Tensor prediction, int num_classes, float conf_thres, float iou_thres, int[]? classes, "
+      "bool agnostic, bool multi_label, int max_det, int max_nms, float max_wh) -> "
+      "(Tensor detections, Tensor counts, Tensor anchor_indices)");
 }

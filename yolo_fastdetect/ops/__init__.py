@@ -2,16 +2,20 @@
 
 from .detect_decode import detect_decode, detect_decode_reference
 from .multiscale_roi_align import MultiScaleRoIAlign, fpn_levels, multiscale_roi_align
+from .nms import batched_nms, non_max_suppression, non_max_suppression_reference
 from .roi_align import RoIAlign, boxes_to_rois, roi_align, roi_align_reference
 
 __all__ = [
     "MultiScaleRoIAlign",
     "RoIAlign",
+    "batched_nms",
     "boxes_to_rois",
     "detect_decode",
     "detect_decode_reference",
     "fpn_levels",
     "multiscale_roi_align",
+    "non_max_suppression",
+    "non_max_suppression_reference",
     "roi_align",
     "roi_align_reference",
 ]

@@ -1,0 +1,401 @@
+"""Batched NMS: the operator against the stock Ultralytics function and the pure-PyTorch reference, the Ultralytics
+patch, and end-to-end predict/val parity."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import devices
+
+from yolo_fastdetect import _ext
+from yolo_fastdetect.ops.nms import (
+    batched_nms,
+    non_max_suppression,
+    non_max_suppression_reference,
+    stock_non_max_suppression,
+)
+
+pytestmark = pytest.mark.skipif(not _ext.available(), reason="operators not built")
+
+IMAGE_SIZE = 640
+
+
+def make_prediction(
+    generator: torch.Generator,
+    batch: int,
+    num_classes: int = 4,
+    num_extra: int = 0,
+    num_anchors: int = 600,
+    dtype: torch.dtype = torch.float32,
+    distinct_scores: bool = False,
+) -> torch.Tensor:
+    """A head output ``(B, 4 + nc + nm, A)`` that looks like a trained model's.
+
+    Per image: background anchors with random boxes and low scores spread down to 0, and 0 to 6 objects of a few
+    classes, each a cluster of overlapping boxes around the object with scores spread over [0.2, 1].
+    ``distinct_scores`` replaces every score by a distinct multiple of 1/2048 (same ranks), exact in float16, so
+    that the order of equal scores, which stock leaves to an unstable sort, never matters.
+    """
+
+    def uniform(*shape, low=0.0, high=1.0):
+        return torch.rand(*shape, generator=generator) * (high - low) + low
+
+    prediction = torch.empty(batch, 4 + num_classes + num_extra, num_anchors)
+    prediction[:, 0:2] = uniform(batch, 2, num_anchors, high=IMAGE_SIZE)
+    prediction[:, 2:4] = uniform(batch, 2, num_anchors, low=2, high=160)
+    prediction[:, 4 : 4 + num_classes] = uniform(batch, num_classes, num_anchors) ** 6 * 0.4
+    prediction[:, 4 + num_classes :] = torch.randn(batch, num_extra, num_anchors, generator=generator)
+    image_classes = min(num_classes, 3)
+    for image in range(batch):
+        classes = torch.randperm(num_classes, generator=generator)[:image_classes]
+        for _ in range(int(torch.randint(0, 7, (1,), generator=generator))):
+            members = torch.randperm(num_anchors, generator=generator)[: int(torch.randint(3, 40, (1,), generator=generator))]
+            centre, size = uniform(2, high=IMAGE_SIZE), uniform(2, low=16, high=300)
+            jitter = uniform(4, len(members), low=-0.15, high=0.15)
+            prediction[image, 0:2, members] = centre[:, None] + jitter[:2] * size[:, None]
+            prediction[image, 2:4, members] = size[:, None] * (1 + jitter[2:])
+            cls = classes[int(torch.randint(0, image_classes, (1,), generator=generator))]
+            prediction[image, 4 + cls, members] = uniform(len(members), low=0.2, high=1.0)
+    if distinct_scores:
+        scores = prediction[:, 4 : 4 + num_classes].reshape(batch, -1)
+        assert scores.shape[1] < 2048
+        for image in range(batch):
+            grid = torch.randperm(2047, generator=generator)[: scores.shape[1]].sort().values.float() + 1
+            scores[image, scores[image].argsort()] = grid / 2048
+        prediction[:, 4 : 4 + num_classes] = scores.view(batch, num_classes, num_anchors)
+    return prediction.to(dtype)
+
+
+def canonical(detections: torch.Tensor) -> torch.Tensor:
+    """Rows ordered by descending score, rows of equal score by their values: equal scores compare as sets."""
+    keys = sorted(range(len(detections)), key=lambda row: (-detections[row, 4].item(), detections[row].tolist()))
+    return detections[keys]
+
+
+def assert_same_detections(ours: list[torch.Tensor], expected: list[torch.Tensor]) -> None:
+    assert len(ours) == len(expected)
+    for image, (mine, theirs) in enumerate(zip(ours, expected)):
+        assert mine.dtype == theirs.dtype == torch.float32, image
+        assert mine.shape == theirs.shape, f"image {image}: {tuple(mine.shape)} != {tuple(theirs.shape)}"
+        assert torch.all(mine[1:, 4] <= mine[:-1, 4]), f"image {image}: not in descending score"
+        torch.testing.assert_close(canonical(mine.cpu()), canonical(theirs.cpu()), rtol=0, atol=0, msg=f"image {image}")
+
+
+OPTIONS = [
+    {},
+    {"multi_label": True},
+    {"agnostic": True},
+    {"classes": [0, 2]},
+    {"multi_label": True, "agnostic": True, "classes": [1, 3, 7]},
+    {"max_det": 5},
+    {"max_nms": 20},
+    {"multi_label": True, "max_nms": 50, "max_det": 17},
+    {"conf_thres": 0.001, "iou_thres": 0.7, "multi_label": True},
+    {"conf_thres": 0.0, "iou_thres": 0.0},
+    {"iou_thres": 1.0, "max_wh": 100},
+]
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()) or "default")
+@pytest.mark.parametrize("batch", [1, 5])
+def test_matches_stock_float32(generator, device, options, batch):
+    prediction = make_prediction(generator, batch, num_extra=3).to(device)
+    assert_same_detections(non_max_suppression(prediction, nc=4, **options),
+                           stock_non_max_suppression(prediction, nc=4, **options))
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("batch", [1, 16, 64])
+@pytest.mark.parametrize("multi_label", [False, True])
+def test_matches_stock_batches(generator, device, batch, multi_label):
+    prediction = make_prediction(generator, batch, num_classes=6, num_anchors=2100).to(device)
+    conf = 0.2 if multi_label else 0.25  # lower multi-label thresholds make the stock function too slow here
+    assert_same_detections(
+        non_max_suppression(prediction, conf, 0.7, multi_label=multi_label),
+        stock_non_max_suppression(prediction, conf, 0.7, multi_label=multi_label, max_time_img=1e9),  # no time limit
+    )
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("options", OPTIONS[:5], ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()) or "default")
+def test_matches_stock_float16(generator, device, options):
+    prediction = make_prediction(generator, 6, num_classes=3, num_extra=2, num_anchors=600, dtype=torch.float16,
+                                 distinct_scores=True).to(device)
+    assert_same_detections(non_max_suppression(prediction, nc=3, **options),
+                           stock_non_max_suppression(prediction, nc=3, **options))
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()) or "default")
+def test_matches_reference(generator, device, dtype, options):
+    """Exact, order included: the reference breaks score ties by anchor and class as the operator does."""
+    prediction = make_prediction(generator, 3, num_extra=2, dtype=dtype).to(device)
+    ours = non_max_suppression(prediction, nc=4, **options)
+    reference = non_max_suppression_reference(prediction.cpu(), nc=4, **options)
+    for mine, theirs in zip(ours, reference):
+        torch.testing.assert_close(mine.cpu(), theirs, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_empty_images_and_indices(generator, device):
+    prediction = make_prediction(generator, 4, num_extra=1)
+    prediction[1, 4:8] = 0.1  # nothing passes conf 0.25
+    prediction[3, 4:8] = 0.0
+    prediction = prediction.to(device)
+    ours, our_indices = non_max_suppression(prediction, nc=4, return_idxs=True)
+    stock, stock_indices = stock_non_max_suppression(prediction, nc=4, return_idxs=True)
+    assert_same_detections(ours, stock)
+    for mine, theirs in zip(our_indices, stock_indices):
+        assert mine.dtype == theirs.dtype and mine.shape == theirs.shape and mine.device == theirs.device
+        assert torch.equal(mine, theirs)
+    empty = non_max_suppression(torch.zeros(2, 8, 50, device=device), return_idxs=True)
+    assert [tuple(d.shape) for d in empty[0]] == [(0, 6)] * 2 and all(i.shape == (0, 1) for i in empty[1])
+
+
+@pytest.mark.parametrize("device", devices())
+def test_every_anchor_passes_and_more_than_max_nms(generator, device):
+    prediction = make_prediction(generator, 3, num_anchors=3000)
+    prediction[:, 4:8] = prediction[:, 4:8] * 0.5 + 0.3  # every score above conf
+    prediction = prediction.to(device)
+    for options in ({}, {"max_nms": 100}, {"multi_label": True, "max_nms": 1000}, {"agnostic": True, "max_nms": 7}):
+        assert_same_detections(non_max_suppression(prediction, **options), stock_non_max_suppression(prediction, **options))
+
+
+@pytest.mark.parametrize("device", devices())
+def test_exact_score_ties(generator, device):
+    """Tied scores on identical duplicate boxes (either suppresses the other) and on far-apart boxes."""
+    prediction = make_prediction(generator, 2, num_extra=2)
+    prediction[:, :, 100:200] = prediction[:, :, 0:100]  # duplicates of the first 100 anchors
+    prediction[:, 4:8, 300:400] = 0.75  # the same score on 100 anchors ...
+    prediction[:, 0, 300:400] = torch.arange(100) * 50.0  # ... whose boxes do not overlap
+    prediction[:, 1, 300:400] = 20.0
+    prediction[:, 2:4, 300:400] = 10.0
+    prediction = prediction.to(device)
+    # Stock's unstable sort picks arbitrary members of a tie group cut by max_det or max_nms: only the reference,
+    # which breaks ties by anchor and class, is compared where a cut can fall inside one.
+    for options in ({}, {"multi_label": True}, {"agnostic": True}):
+        options["max_det"] = 1000
+        assert_same_detections(non_max_suppression(prediction, nc=4, **options),
+                               stock_non_max_suppression(prediction, nc=4, **options))
+    for options in ({}, {"multi_label": True}, {"max_nms": 150}, {"multi_label": True, "max_det": 120}):
+        ours = non_max_suppression(prediction, nc=4, **options)
+        for mine, theirs in zip(ours, non_max_suppression_reference(prediction.cpu(), nc=4, **options)):
+            torch.testing.assert_close(mine.cpu(), theirs, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_zero_area_boxes(generator, device):
+    prediction = make_prediction(generator, 2)
+    prediction[:, 2, ::3] = 0.0  # zero width
+    prediction[:, 3, ::5] = 0.0  # zero height
+    prediction[:, :4, 10:20] = prediction[:, :4, 10:11]  # the same point box ten times
+    prediction[:, 2:4, 10:20] = 0.0
+    prediction[:, 4, 10:20] = torch.linspace(0.5, 0.9, 10)
+    prediction = prediction.to(device)
+    for options in ({}, {"agnostic": True}, {"iou_thres": 0.0}):
+        assert_same_detections(non_max_suppression(prediction, **options), stock_non_max_suppression(prediction, **options))
+
+
+@pytest.mark.parametrize("device", devices())
+def test_nan_scores_are_dropped(generator, device):
+    prediction = make_prediction(generator, 2)
+    prediction[0, 5, ::7] = math.nan
+    prediction[1, 4:8, ::4] = math.nan
+    prediction = prediction.to(device)
+    for options in ({}, {"multi_label": True}):
+        ours = non_max_suppression(prediction, **options)
+        assert_same_detections(ours, stock_non_max_suppression(prediction, **options))
+        assert not any(d.isnan().any() for d in ours)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_strided_and_degenerate_shapes(generator, device):
+    """A prediction laid out (B, A, C) and transposed, an empty batch, and images without anchors."""
+    prediction = make_prediction(generator, 3, num_extra=2).to(device)
+    strided = prediction.transpose(1, 2).contiguous().transpose(1, 2)
+    assert not strided.is_contiguous()
+    assert_same_detections(non_max_suppression(strided, nc=4, multi_label=True),
+                           stock_non_max_suppression(prediction, nc=4, multi_label=True))
+    assert non_max_suppression(prediction[:0]) == []
+    no_anchors = non_max_suppression(torch.rand(2, 10, 0, device=device), nc=4)
+    assert [tuple(d.shape) for d in no_anchors] == [(0, 8)] * 2
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"conf_thres": -0.1}, "conf_thres"),
+        ({"conf_thres": 1.5}, "conf_thres"),
+        ({"conf_thres": math.nan}, "conf_thres"),
+        ({"iou_thres": -0.01}, "iou_thres"),
+        ({"iou_thres": 2.0}, "iou_thres"),
+        ({"max_det": 0}, "max_det"),
+    ],
+)
+def test_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        non_max_suppression(torch.rand(1, 8, 50), **kwargs)
+    with pytest.raises(ValueError, match=message):
+        batched_nms(torch.rand(1, 8, 50), 4, **kwargs)
+
+
+def test_bad_prediction_shapes():
+    with pytest.raises(ValueError, match="prediction"):
+        non_max_suppression(torch.rand(8, 50))
+    with pytest.raises(ValueError, match="prediction"):
+        batched_nms(torch.rand(8, 50), 4)
+    with pytest.raises(ValueError, match="num_classes"):
+        batched_nms(torch.rand(1, 8, 50), 5)
+    with pytest.raises(TypeError, match="float32"):
+        batched_nms(torch.rand(1, 8, 50, dtype=torch.float64), 4)
+
+
+def test_stock_handles_end2end_rotated_and_double(generator):
+    end2end = torch.rand(2, 300, 6, generator=generator)
+    rotated = make_prediction(generator, 2, num_extra=1)  # the extra channel is the angle
+    double = make_prediction(generator, 2).double()
+    for prediction, options in ((end2end, {"end2end": True}), (rotated, {"nc": 4, "rotated": True}), (double, {})):
+        for mine, theirs in zip(non_max_suppression(prediction, **options), stock_non_max_suppression(prediction, **options)):
+            assert torch.equal(mine, theirs)
+
+
+def test_opcheck(generator):
+    prediction = make_prediction(generator, 2, num_extra=1)
+    torch.library.opcheck(torch.ops.yolo_fastdetect.batched_nms, (prediction, 4, 0.25, 0.45, None, False, False, 30, 1000, 7680.0))
+
+
+@pytest.mark.cuda
+def test_cuda_matches_cpu_operator(generator):
+    """The CUDA operator equals the CPU one bit for bit, padding included, for large batches and many candidates."""
+    for dtype, multi_label, conf in ((torch.float32, False, 0.25), (torch.float16, True, 0.001),
+                                     (torch.bfloat16, True, 0.05)):
+        prediction = make_prediction(generator, 64, num_classes=80, num_extra=32, num_anchors=2100, dtype=dtype)
+        cpu = batched_nms(prediction, 80, conf, 0.7, multi_label=multi_label, max_nms=3000)
+        cuda = batched_nms(prediction.cuda(), 80, conf, 0.7, multi_label=multi_label, max_nms=3000)
+        for mine, theirs in zip(cuda, cpu):
+            assert torch.equal(mine.cpu(), theirs)
+
+
+@pytest.mark.cuda
+def test_cuda_graph_capture(generator):
+    prediction = make_prediction(generator, 8, num_classes=80, num_anchors=2100).cuda()
+    expected = batched_nms(prediction, 80)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = batched_nms(prediction, 80)
+    graph.replay()
+    torch.cuda.synchronize()
+    for mine, theirs in zip(captured, expected):
+        assert torch.equal(mine, theirs)
+
+
+# ---- The Ultralytics patch and end-to-end parity ----
+
+
+@pytest.fixture
+def nms_patch():
+    from yolo_fastdetect.patches import nms as nms_patch
+
+    was_applied = nms_patch.is_applied()
+    yield nms_patch
+    nms_patch.apply() if was_applied else nms_patch.revert()
+
+
+def test_patch_apply_revert(nms_patch):
+    import ultralytics.utils.nms as ultralytics_nms
+
+    nms_patch.revert()
+    assert ultralytics_nms.non_max_suppression is stock_non_max_suppression and not nms_patch.is_applied()
+    nms_patch.apply()
+    nms_patch.apply()
+    assert ultralytics_nms.non_max_suppression is non_max_suppression and nms_patch.is_applied()
+    nms_patch.revert()
+    assert ultralytics_nms.non_max_suppression is stock_non_max_suppression
+
+
+def test_enable_disable_switch_the_nms(nms_patch):
+    import yolo_fastdetect
+
+    was_enabled = yolo_fastdetect.is_enabled()
+    try:
+        yolo_fastdetect.disable()
+        assert not nms_patch.is_applied()
+        assert yolo_fastdetect.enable() and nms_patch.is_applied()
+    finally:
+        yolo_fastdetect.enable() if was_enabled else yolo_fastdetect.disable()
+
+
+def _detecting_model(device: str, config: str = "yolo11n.yaml"):
+    """A model from its YAML with seeded weights; the biases of classes 0 and 5 (person, bus) raised so that random
+    weights detect them, the others lowered so that the stock NMS stays fast enough to compare against."""
+    from ultralytics import YOLO
+
+    torch.manual_seed(0)
+    model = YOLO(config)
+    for branch in model.model.model[-1].cv3:
+        bias = torch.full_like(branch[-1].bias, -6.0)
+        bias[[c for c in (0, 5) if c < len(bias)]] = 1.0
+        branch[-1].bias.data.copy_(bias)
+    return model.to(device)
+
+
+def _assets() -> list[str]:
+    from ultralytics.utils import ASSETS
+
+    return [str(ASSETS / "bus.jpg"), str(ASSETS / "zidane.jpg")]
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("config", ["yolo11n.yaml", "yolo11n-seg.yaml", "yolo11n-pose.yaml"])
+def test_predict_same_results(nms_patch, device, config):
+    """Detect, Segment (32 mask coefficients after the classes) and Pose (one class, 51 keypoint values)."""
+    model = _detecting_model(device, config)
+    runs = {}
+    for patched in (False, True):
+        nms_patch.apply() if patched else nms_patch.revert()
+        runs[patched] = model.predict(_assets(), imgsz=320, device=device, verbose=False)
+    assert nms_patch.is_applied()
+    for stock, ours in zip(runs[False], runs[True]):
+        assert len(stock.boxes) > 0
+        assert_same_detections([ours.boxes.data], [stock.boxes.data])
+        for extra in ("masks", "keypoints"):
+            if getattr(stock, extra) is not None:
+                assert torch.equal(getattr(ours, extra).data, getattr(stock, extra).data)
+
+
+def _write_dataset(root: Path, num_classes: int) -> Path:
+    """Four images (bus and zidane, twice each) with YOLO labels, and the data yaml naming them."""
+    labels = {
+        "bus": ["0 0.23 0.61 0.19 0.54", "0 0.34 0.61 0.14 0.50", "5 0.50 0.44 0.96 0.60", "0 0.85 0.61 0.20 0.53"],
+        "zidane": ["0 0.68 0.56 0.40 0.88", "0 0.26 0.66 0.34 0.68", "27 0.54 0.82 0.05 0.32"],
+    }
+    (root / "images").mkdir(parents=True)
+    (root / "labels").mkdir()
+    for copy in range(2):
+        for asset in _assets():
+            name = f"{Path(asset).stem}_{copy}"
+            shutil.copy(asset, root / "images" / f"{name}.jpg")
+            (root / "labels" / f"{name}.txt").write_text("\n".join(labels[Path(asset).stem]) + "\n")
+    names = "\n".join(f"  {i}: class{i}" for i in range(num_classes))
+    data = root / "data.yaml"
+    data.write_text(f"path: {root}\ntrain: images\nval: images\nnames:\n{names}\n")
+    return data
+
+
+def test_val_same_metrics(nms_patch, tmp_path):
+    model = _detecting_model("cpu")
+    data = _write_dataset(tmp_path / "dataset", num_classes=80)
+    metrics = {}
+    for patched in (False, True):
+        nms_patch.apply() if patched else nms_patch.revert()
+        result = model.val(data=str(data), imgsz=320, batch=2, device="cpu", conf=0.25, plots=False, workers=0,
+                           verbose=False, project=str(tmp_path / "runs"), name=f"patched{patched}")
+        metrics[patched] = result.results_dict
+    assert metrics[True]["metrics/recall(B)"] > 0
+    assert metrics[True] == metrics[False]
