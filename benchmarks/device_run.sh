@@ -11,9 +11,9 @@ export YOLO_CONFIG_DIR=/tmp/yolo_config
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 python3 -m yolo_fastdetect build 2>&1 | tail -5 || exit 1
 python3 -m yolo_fastdetect info
-python3 -m pytest -q ${PYTEST_ARGS:-tests} -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | grep -E "passed|failed|error|FAILED|ERROR" | tail -40
+timeout ${PYTEST_TIMEOUT:-600} python3 -m pytest -q ${PYTEST_ARGS:-tests} -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | grep -E "passed|failed|error|FAILED|ERROR" | tail -40
 IFS=';' read -ra benches <<< "$*"
 for bench in "${benches[@]}"; do
   name=$(echo $bench | awk '{print $1}')
-  [ -n "$name" ] && python3 -m yolo_fastdetect bench $bench 2>&1 | tee "$OUT/bench_$name.md"
+  [ -n "$name" ] && timeout ${BENCH_TIMEOUT:-300} python3 -m yolo_fastdetect bench $bench 2>&1 | tee "$OUT/bench_$name.md"
 done
