@@ -249,7 +249,7 @@ def test_cuda_matches_cpu(generator, dtype, pool_mode):
     grad = features(generator, (200, 70, 9, 9), dtype)
     outputs, grads = [], []
     for device in ("cpu", "cuda"):
-        leaf = x.to(device).requires_grad_(True)
+        leaf = x.detach().to(device).requires_grad_(True)  # a fresh leaf on each device
         out = roi_align(leaf, rois.to(device), 9, 0.5, 0, pool_mode)
         out.backward(grad.to(device))
         outputs.append(out.cpu().double())
