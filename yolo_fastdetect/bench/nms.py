@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 import torchvision  # noqa: F401 - makes stock NMS use torchvision's kernel, as in a typical process
 
 from yolo_fastdetect.ops.nms import non_max_suppression, stock_non_max_suppression
+
+from .timing import single_call_median_ms
 
 NUM_CLASSES = 80
 NUM_ANCHORS = 8400  # 640 x 640
@@ -52,26 +53,6 @@ def synthetic_prediction(batch: int, candidates: int, dtype: torch.dtype, device
     return prediction.to(device=device, dtype=dtype)
 
 
-def median_ms(function, device: str, repeats: int, warmup: int = 3) -> float:
-    """Median wall time of ``function()`` in milliseconds (CUDA events on a GPU, including the host sync)."""
-    for _ in range(warmup):
-        function()
-    times = []
-    for _ in range(repeats):
-        if device.startswith("cuda"):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            function()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            begin = time.perf_counter()
-            function()
-            times.append((time.perf_counter() - begin) * 1e3)
-    return statistics.median(times)
-
-
 def _agreement(ours: list[torch.Tensor], stock: list[torch.Tensor]) -> str:
     """'yes': the same rows per image (rows of equal score compared as sets); 'ties': the same score sequences but
     other members of a tie group cut by max_nms or max_det (stock's argsort is unstable there, so its own pick is
@@ -97,8 +78,8 @@ def bench_operator(device: str, dtype: torch.dtype, repeats: int) -> None:
                 kwargs = {"conf_thres": conf, "iou_thres": iou, "multi_label": multi_label}
                 agreement = _agreement(non_max_suppression(prediction, **kwargs),
                                        stock_non_max_suppression(prediction, **kwargs))
-                stock_ms = median_ms(lambda: stock_non_max_suppression(prediction, **kwargs), device, repeats)
-                ours_ms = median_ms(lambda: non_max_suppression(prediction, **kwargs), device, repeats)
+                stock_ms = single_call_median_ms(lambda: stock_non_max_suppression(prediction, **kwargs), device, repeats)
+                ours_ms = single_call_median_ms(lambda: non_max_suppression(prediction, **kwargs), device, repeats)
                 print(f"| {batch} | {candidates} | {name} (conf {conf}) | {stock_ms:.3f} | {ours_ms:.3f} | "
                       f"{stock_ms / ours_ms:.1f}x | {agreement} |", flush=True)
 

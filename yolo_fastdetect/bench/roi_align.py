@@ -7,7 +7,6 @@ Times the public functions (argument checks included) with CUDA events: the medi
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -15,24 +14,10 @@ import torch
 import torchvision
 
 from ..ops import MultiScaleRoIAlign, roi_align
+from .timing import single_call_median_ms
 
 IMAGE_SIZE = 640
 LEVEL_SHAPES = {"(4, 256, 80, 80)": (4, 256, 80, 80), "(4, 64, 160, 160)": (4, 64, 160, 160)}
-
-
-def median_ms(fn: Callable[[], object], warmup: int, iters: int) -> float:
-    """Median wall time of ``fn`` on the current stream, in milliseconds."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def random_boxes(generator: torch.Generator, count: int, batch: int) -> torch.Tensor:
@@ -67,8 +52,8 @@ def main(argv: list[str]) -> None:
     def measure(case: str, dtype: torch.dtype, theirs, ours) -> list[str]:
         rows = []
         for direction, their_fn, our_fn in zip(("forward", "backward"), theirs, ours):
-            their_ms = median_ms(their_fn, args.warmup, args.iters)
-            our_ms = median_ms(our_fn, args.warmup, args.iters)
+            their_ms = single_call_median_ms(their_fn, "cuda", args.iters, args.warmup)
+            our_ms = single_call_median_ms(our_fn, "cuda", args.iters, args.warmup)
             rows.append(
                 f"| {case} | {direction} | {str(dtype).removeprefix('torch.')} | {their_ms:.3f} | {our_ms:.3f} "
                 f"| {their_ms / our_ms:.2f}x |"

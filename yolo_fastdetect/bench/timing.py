@@ -44,6 +44,12 @@ def median_ms(
     return statistics.median(samples)
 
 
+def single_call_median_ms(fn: Callable[[], object], device: str, repeats: int, warmup: int = 3) -> float:
+    """Median milliseconds of one call of ``fn()``, each call timed on its own (CUDA events, so a host sync
+    inside ``fn`` is included); for work whose result is read on the host, such as NMS."""
+    return median_ms(fn, [()], device, warmup=warmup, repeats=repeats, calls_per_repeat=1)
+
+
 def graph_median_ms(fn: Callable[..., object], inputs: Sequence[tuple], repeats: int = 30) -> float | None:
     """Median GPU milliseconds per call with the launch overhead removed: one call per input set captured
     into a CUDA graph and replayed. None if ``fn`` cannot be captured."""
