@@ -67,11 +67,11 @@ def _agreement(ours: list[torch.Tensor], stock: list[torch.Tensor]) -> str:
     return "ties" if same_scores else "NO"
 
 
-def bench_operator(device: str, dtype: torch.dtype, repeats: int) -> None:
+def bench_operator(device: str, dtype: torch.dtype, repeats: int, batches: list[int]) -> None:
     print(f"\n### non_max_suppression, (B, 84, 8400) {str(dtype).removeprefix('torch.')} on {device}\n")
     print("| batch | candidates/image | settings | stock ms | ours ms | speed-up | same detections |")
     print("|---:|---:|---|---:|---:|---:|---|")
-    for batch in (1, 16, 64):
+    for batch in batches:
         for candidates in (100, 3000):
             prediction = synthetic_prediction(batch, candidates, dtype, device)
             for name, (conf, iou, multi_label) in SETTINGS.items():
@@ -135,11 +135,14 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--repeats", type=int, default=20, help="timed calls per row (default 20)")
     parser.add_argument("--model", default="yolo11n.yaml", help="model for the predict part (default yolo11n.yaml)")
     parser.add_argument("--predict-runs", type=int, default=5, help="timed predict runs (default 5)")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64], help="batch sizes (default 1 16 64)")
     parser.add_argument("--skip-predict", action="store_true", help="only time the function")
+    parser.add_argument("--skip-function", action="store_true", help="only time model.predict")
     args = parser.parse_args(argv)
     device = args.device if args.device != "cuda" else "cuda:0"
     if device.startswith("cuda"):
         print(f"GPU: {torch.cuda.get_device_name(torch.device(device))}, torch {torch.__version__}")
-    bench_operator(device, getattr(torch, args.dtype), args.repeats)
+    if not args.skip_function:
+        bench_operator(device, getattr(torch, args.dtype), args.repeats, args.batches)
     if not args.skip_predict:
         bench_predict(args.model, device, half=device.startswith("cuda"), runs=args.predict_runs)
