@@ -81,9 +81,11 @@ def cuda_arch_list() -> str:
 def cpu_flags() -> list[str]:
     """Compiler flags of the C++ sources: ``YOLO_FASTDETECT_CXXFLAGS`` if set (say, for a portable build without
     ``-march=native`` on a cluster of mixed CPUs), else code for this machine's instruction set (the cache key
-    includes the CPU) with trapping math off, so that the CPU kernels' loops vectorise. The C++ standard is
-    left to torch (C++20 from 2.13 on)."""
-    return os.environ.get("YOLO_FASTDETECT_CXXFLAGS", "-O3 -march=native -fno-trapping-math").split()
+    includes the CPU) with trapping math off, so that the CPU kernels' loops vectorise, and no fused multiply-add
+    contraction, so that results round as torch's and torchvision's own CPU kernels do; OpenMP, which
+    ``at::parallel_for`` needs to run on torch's intra-op threads. The C++ standard is left to torch (C++20 from
+    2.13 on)."""
+    return os.environ.get("YOLO_FASTDETECT_CXXFLAGS", "-O3 -march=native -fno-trapping-math -ffp-contract=off -fopenmp").split()
 
 
 def _cpu_signature() -> str:
@@ -140,6 +142,7 @@ def build(verbose: bool = False) -> Path:
         name=EXTENSION_NAME,
         sources=[str(s) for s in _sources(with_cuda)],
         extra_cflags=cflags,
+        extra_ldflags=["-fopenmp"] if "-fopenmp" in cflags else [],
         extra_cuda_cflags=["-O3", "-lineinfo"],
         build_directory=str(directory),
         with_cuda=with_cuda,
