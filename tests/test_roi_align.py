@@ -343,7 +343,7 @@ def test_multiscale_cuda_matches_cpu(generator, dtype):
     maps, boxes = pyramid_and_boxes(generator, "cpu", dtype, count=300)
     results = []
     for device in ("cpu", "cuda"):
-        leaves = [m.to(device).requires_grad_(True) for m in maps]
+        leaves = [m.detach().to(device).requires_grad_(True) for m in maps]  # fresh leaves on each device
         out = multiscale_roi_align(leaves, [b.to(device) for b in boxes], 7, sampling_ratio=2, pool_mode="avg")
         out.float().square().sum().backward()
         results.append([out.cpu().double()] + [leaf.grad.cpu().double() for leaf in leaves])
