@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+from pathlib import Path
 
 # Before anything imports ultralytics: no network, no installs, no settings written to the home directory.
 os.environ.setdefault("YOLO_OFFLINE", "1")
@@ -45,3 +47,43 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     if not config.getoption("--runslow") and not HAS_CUDA:
         config.option.markexpr = " and ".join(filter(None, [config.option.markexpr, "not slow"]))
+
+
+def detecting_model(device: str = "cpu", config: str = "yolo11n.yaml"):
+    """A model from its YAML with seeded weights; the biases of classes 0 and 5 (person, bus) raised so that random
+    weights detect them, the others lowered so that the stock NMS stays fast enough to compare against."""
+    from ultralytics import YOLO
+
+    torch.manual_seed(0)
+    model = YOLO(config)
+    for branch in model.model.model[-1].cv3:
+        bias = torch.full_like(branch[-1].bias, -6.0)
+        bias[[c for c in (0, 5) if c < len(bias)]] = 1.0
+        branch[-1].bias.data.copy_(bias)
+    return model.to(device)
+
+
+def asset_images() -> list[str]:
+    """The images the Ultralytics wheel ships."""
+    from ultralytics.utils import ASSETS
+
+    return [str(ASSETS / "bus.jpg"), str(ASSETS / "zidane.jpg")]
+
+
+def write_tiny_dataset(root: Path, num_classes: int) -> Path:
+    """Four images (bus and zidane, twice each) with YOLO labels, and the data yaml naming them."""
+    labels = {
+        "bus": ["0 0.23 0.61 0.19 0.54", "0 0.34 0.61 0.14 0.50", "5 0.50 0.44 0.96 0.60", "0 0.85 0.61 0.20 0.53"],
+        "zidane": ["0 0.68 0.56 0.40 0.88", "0 0.26 0.66 0.34 0.68", "27 0.54 0.82 0.05 0.32"],
+    }
+    (root / "images").mkdir(parents=True)
+    (root / "labels").mkdir()
+    for copy in range(2):
+        for asset in asset_images():
+            name = f"{Path(asset).stem}_{copy}"
+            shutil.copy(asset, root / "images" / f"{name}.jpg")
+            (root / "labels" / f"{name}.txt").write_text("\n".join(labels[Path(asset).stem]) + "\n")
+    names = "\n".join(f"  {i}: class{i}" for i in range(num_classes))
+    data = root / "data.yaml"
+    data.write_text(f"path: {root}\ntrain: images\nval: images\nnames:\n{names}\n")
+    return data

@@ -4,12 +4,10 @@ patch, and end-to-end predict/val parity."""
 from __future__ import annotations
 
 import math
-import shutil
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import devices
+from conftest import asset_images, detecting_model, devices, write_tiny_dataset
 
 from yolo_fastdetect import _ext
 from yolo_fastdetect.ops.nms import (
@@ -331,35 +329,15 @@ def test_enable_disable_switch_the_nms(nms_patch):
         yolo_fastdetect.enable() if was_enabled else yolo_fastdetect.disable()
 
 
-def _detecting_model(device: str, config: str = "yolo11n.yaml"):
-    """A model from its YAML with seeded weights; the biases of classes 0 and 5 (person, bus) raised so that random
-    weights detect them, the others lowered so that the stock NMS stays fast enough to compare against."""
-    from ultralytics import YOLO
-
-    torch.manual_seed(0)
-    model = YOLO(config)
-    for branch in model.model.model[-1].cv3:
-        bias = torch.full_like(branch[-1].bias, -6.0)
-        bias[[c for c in (0, 5) if c < len(bias)]] = 1.0
-        branch[-1].bias.data.copy_(bias)
-    return model.to(device)
-
-
-def _assets() -> list[str]:
-    from ultralytics.utils import ASSETS
-
-    return [str(ASSETS / "bus.jpg"), str(ASSETS / "zidane.jpg")]
-
-
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("config", ["yolo11n.yaml", "yolo11n-seg.yaml", "yolo11n-pose.yaml"])
 def test_predict_same_results(nms_patch, device, config):
     """Detect, Segment (32 mask coefficients after the classes) and Pose (one class, 51 keypoint values)."""
-    model = _detecting_model(device, config)
+    model = detecting_model(device, config)
     runs = {}
     for patched in (False, True):
         nms_patch.apply() if patched else nms_patch.revert()
-        runs[patched] = model.predict(_assets(), imgsz=320, device=device, verbose=False)
+        runs[patched] = model.predict(asset_images(), imgsz=320, device=device, verbose=False)
     assert nms_patch.is_applied()
     for stock, ours in zip(runs[False], runs[True]):
         assert len(stock.boxes) > 0
@@ -369,28 +347,9 @@ def test_predict_same_results(nms_patch, device, config):
                 assert torch.equal(getattr(ours, extra).data, getattr(stock, extra).data)
 
 
-def _write_dataset(root: Path, num_classes: int) -> Path:
-    """Four images (bus and zidane, twice each) with YOLO labels, and the data yaml naming them."""
-    labels = {
-        "bus": ["0 0.23 0.61 0.19 0.54", "0 0.34 0.61 0.14 0.50", "5 0.50 0.44 0.96 0.60", "0 0.85 0.61 0.20 0.53"],
-        "zidane": ["0 0.68 0.56 0.40 0.88", "0 0.26 0.66 0.34 0.68", "27 0.54 0.82 0.05 0.32"],
-    }
-    (root / "images").mkdir(parents=True)
-    (root / "labels").mkdir()
-    for copy in range(2):
-        for asset in _assets():
-            name = f"{Path(asset).stem}_{copy}"
-            shutil.copy(asset, root / "images" / f"{name}.jpg")
-            (root / "labels" / f"{name}.txt").write_text("\n".join(labels[Path(asset).stem]) + "\n")
-    names = "\n".join(f"  {i}: class{i}" for i in range(num_classes))
-    data = root / "data.yaml"
-    data.write_text(f"path: {root}\ntrain: images\nval: images\nnames:\n{names}\n")
-    return data
-
-
 def test_val_same_metrics(nms_patch, tmp_path):
-    model = _detecting_model("cpu")
-    data = _write_dataset(tmp_path / "dataset", num_classes=80)
+    model = detecting_model("cpu")
+    data = write_tiny_dataset(tmp_path / "dataset", num_classes=80)
     metrics = {}
     for patched in (False, True):
         nms_patch.apply() if patched else nms_patch.revert()

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from ultralytics import YOLO
@@ -14,6 +15,7 @@ from ultralytics.nn.modules.head import OBB, Detect
 from ultralytics.utils import ASSETS
 
 import yolo_fastdetect
+from conftest import asset_images, detecting_model, write_tiny_dataset
 from yolo_fastdetect.patches import detect_head
 
 # One size per family runs everywhere; the other YOLO12 sizes are in the slow set (GPU runs and --runslow).
@@ -155,6 +157,43 @@ def test_predict_same_detections(cfg):
     for stock, ours in zip(results[False], results[True]):
         assert len(stock.boxes) > 0, "the seeded model should detect something"
         torch.testing.assert_close(ours.boxes.data, stock.boxes.data, rtol=0, atol=1e-3)
+
+
+def test_val_same_metrics(tmp_path):
+    """model.val with everything on (decode and NMS patched) gives the stock metrics on a tiny labelled set."""
+    model = detecting_model("cpu")
+    data = write_tiny_dataset(tmp_path / "dataset", num_classes=80)
+    metrics = {}
+    for patched in (False, True):
+        (yolo_fastdetect.enable if patched else yolo_fastdetect.disable)()
+        result = model.val(data=str(data), imgsz=320, batch=2, device="cpu", conf=0.25, plots=False, workers=0,
+                           verbose=False, project=str(tmp_path / "runs"), name=f"patched{patched}")
+        metrics[patched] = result.results_dict
+    assert metrics[True]["metrics/recall(B)"] > 0
+    assert metrics[True] == metrics[False]
+
+
+def test_track_same_boxes_and_ids(tmp_path):
+    """model.track (ByteTrack over a short video of the wheel's images) gives stock's boxes and track ids."""
+    pytest.importorskip("lap", reason="Ultralytics' tracker needs lap (in the dev extra)")
+    import cv2
+
+    video = tmp_path / "clip.mp4"
+    frame = cv2.resize(cv2.imread(asset_images()[0]), (320, 416))
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"mp4v"), 10, (320, 416))
+    for shift in range(6):  # the bus drifting right, so that tracks persist across frames
+        writer.write(np.roll(frame, 4 * shift, axis=1))
+    writer.release()
+    tracks = {}
+    for patched in (False, True):
+        (yolo_fastdetect.enable if patched else yolo_fastdetect.disable)()
+        model = detecting_model("cpu")  # a fresh tracker state per run
+        results = model.track(str(video), imgsz=320, device="cpu", verbose=False, persist=False)
+        tracks[patched] = [(r.boxes.data.clone(), r.boxes.id) for r in results]
+    assert any(ids is not None for _, ids in tracks[True]), "the seeded model should track something"
+    for (stock_boxes, stock_ids), (our_boxes, our_ids) in zip(tracks[False], tracks[True]):
+        torch.testing.assert_close(our_boxes, stock_boxes, rtol=0, atol=1e-3)
+        assert (stock_ids is None and our_ids is None) or torch.equal(stock_ids, our_ids)
 
 
 def test_loaded_checkpoint(tmp_path):
