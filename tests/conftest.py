@@ -49,6 +49,14 @@ def pytest_configure(config):
         config.option.markexpr = " and ".join(filter(None, [config.option.markexpr, "not slow"]))
 
 
+def subprocess_env(**overrides: str) -> dict[str, str]:
+    """The environment for a child Python: this checkout first on its path, the parent's path kept (the GPU machine
+    carries Ultralytics on PYTHONPATH)."""
+    repo = str(Path(__file__).resolve().parents[1])
+    python_path = os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": python_path, **overrides}
+
+
 def detecting_model(device: str = "cpu", config: str = "yolo11n.yaml"):
     """A model from its YAML with seeded weights; the biases of classes 0 and 5 (person, bus) raised so that random
     weights detect them, the others lowered so that the stock NMS stays fast enough to compare against."""

@@ -3,12 +3,11 @@ Ultralytics running stock with one warning that names the compiler log."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import subprocess_env
 
 # Decodes random logits with the operator and checks them against the pure-PyTorch reference; prints the library.
 DECODE_CHECK = """
@@ -41,8 +40,7 @@ print("boxes:", results[0].boxes.data.shape[1])
 
 
 def run_python(code: str, cache: Path, **extra_env: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "YOLO_FASTDETECT_CACHE": str(cache), "YOLO_FASTDETECT_CPU_ONLY": "1",
-           **extra_env}
+    env = subprocess_env(YOLO_FASTDETECT_CACHE=str(cache), YOLO_FASTDETECT_CPU_ONLY="1", **extra_env)
     return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
 

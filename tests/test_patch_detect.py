@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +13,7 @@ from ultralytics.nn.modules.head import OBB, Detect
 from ultralytics.utils import ASSETS
 
 import yolo_fastdetect
-from conftest import asset_images, detecting_model, write_tiny_dataset
+from conftest import asset_images, detecting_model, subprocess_env, write_tiny_dataset
 from yolo_fastdetect.patches import detect_head
 
 # One size per family runs everywhere; the other YOLO12 sizes are in the slow set (GPU runs and --runslow).
@@ -229,7 +227,7 @@ def test_opt_out_environment_variable():
         "assert 'yolo_fastdetect.patches' not in sys.modules; "
         "assert getattr(Detect._inference, '__yolo_fastdetect__', False) is False; print('stock')"
     )
-    env = {**os.environ, "YOLO_FASTDETECT": "0", "PYTHONPATH": str(Path(__file__).parents[1])}
+    env = subprocess_env(YOLO_FASTDETECT="0")
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "stock"
