@@ -24,10 +24,8 @@ _load_hooks: list = []
 
 
 def on_load(hook):
-    """Register ``hook()`` to run once the operators are loaded (Python-side autograd registration).
-
-    Fake kernels need no hook: ``torch.library.register_fake`` accepts an operator that is not loaded yet.
-    """
+    """Register ``hook()`` to run once the operators are loaded: fake kernels and autograd formulas can only be
+    registered for an operator that exists, and the library is loaded lazily, on first use."""
     _load_hooks.append(hook)
     if _state["loaded"]:
         hook()
@@ -99,9 +97,14 @@ def _cpu_signature() -> str:
     return "".join(line for line in lines if line.startswith(("model name", "flags")))[:4096]
 
 
+def cache_root() -> Path:
+    """Where builds are cached: ``YOLO_FASTDETECT_CACHE``, else ``~/.cache/yolo_fastdetect``."""
+    return Path(os.environ.get("YOLO_FASTDETECT_CACHE", Path.home() / ".cache" / "yolo_fastdetect"))
+
+
 def build_dir(with_cuda: bool) -> Path:
     """Cache directory for this torch / CUDA / architecture / source combination."""
-    root = Path(os.environ.get("YOLO_FASTDETECT_CACHE", Path.home() / ".cache" / "yolo_fastdetect"))
+    root = cache_root()
     digest = hashlib.sha256()
     for path in _sources(with_cuda) + sorted(source_dir().glob("*/*.h")):
         digest.update(path.name.encode() + path.read_bytes())
@@ -161,9 +164,8 @@ def available() -> bool:
         try:
             build()
         except Exception as error:  # noqa: BLE001 - any build/load failure must leave Ultralytics running stock
-            log = Path(os.environ.get("YOLO_FASTDETECT_CACHE", Path.home() / ".cache" / "yolo_fastdetect"))
-            log.mkdir(parents=True, exist_ok=True)
-            log = log / "build_error.log"
+            cache_root().mkdir(parents=True, exist_ok=True)
+            log = cache_root() / "build_error.log"
             log.write_text(f"{type(error).__name__}: {error}\n")
             _state.update(loaded=False, error=error)
             warnings.warn(
