@@ -19,7 +19,7 @@ import torch
 
 EXTENSION_NAME = "yolo_fastdetect_ops"
 
-_state: dict = {"loaded": None, "error": None, "library": None}
+_state: dict = {"loaded": None, "error": None}
 _load_hooks: list = []
 
 
@@ -152,7 +152,7 @@ def build(verbose: bool = False) -> Path:
         is_python_module=False,
         verbose=verbose,
     )
-    _state.update(loaded=True, error=None, library=library)
+    _state.update(loaded=True, error=None)
     for hook in _load_hooks:
         hook()
     return library
