@@ -69,6 +69,7 @@ namespace {
 // the compiler vectorises; 4 * reg_max rows of a tile stay in the L1 cache between the softmax passes.
 constexpr int kTile = 64;
 constexpr int64_t kTilesPerTask = 4;
+constexpr int64_t kScoresPerTask = 16384;
 
 template <typename scalar_t, int RegMax>
 void decode_box_tile(const scalar_t* boxes_batch, int64_t num_anchors, int64_t first, const LevelTable& levels,
@@ -88,8 +89,8 @@ void decode_box_tile(const scalar_t* boxes_batch, int64_t num_anchors, int64_t f
   }
 }
 
-// Inputs are contiguous (B, C, A). Each task takes kTilesPerTask tiles of one batch image; the last, partial tile
-// of an image is decoded anchor by anchor.
+// Inputs are contiguous (B, C, A). Boxes: each task takes kTilesPerTask tiles of one batch image; the last,
+// partial tile of an image is decoded anchor by anchor.
 template <typename scalar_t, int RegMax>
 void decode_cpu_kernel(const scalar_t* boxes, const scalar_t* scores, scalar_t* out, const DecodeShape& shape,
                        const LevelTable& levels, bool xywh) {
@@ -111,12 +112,20 @@ void decode_cpu_kernel(const scalar_t* boxes, const scalar_t* scores, scalar_t* 
           for (int side = 0; side < 4; ++side) out_batch[side * num_anchors + anchor] = static_cast<scalar_t>(box[side]);
         }
       }
-      for (int64_t cls = 0; cls < num_classes; ++cls) {
-        const scalar_t* logits = scores + (batch * num_classes + cls) * num_anchors + first;
-        scalar_t* probabilities = out_batch + (4 + cls) * num_anchors + first;
-        for (int64_t lane = 0; lane < count; ++lane)
-          probabilities[lane] = static_cast<scalar_t>(sigmoid(static_cast<float>(logits[lane])));
-      }
+    }
+  });
+  // Class scores: per image, the (nc, A) logits and the output's class rows are each one contiguous block, so the
+  // sigmoid runs as one flat, vectorised loop over it.
+  const int64_t scores_per_image = num_classes * num_anchors;
+  at::parallel_for(0, shape.batch * scores_per_image, kScoresPerTask, [&](int64_t begin, int64_t end) {
+    while (begin < end) {
+      const int64_t batch = begin / scores_per_image, offset = begin % scores_per_image;
+      const int64_t count = std::min(end - begin, scores_per_image - offset);
+      const scalar_t* logits = scores + batch * scores_per_image + offset;
+      scalar_t* probabilities = out + (batch * (4 + num_classes) + 4) * num_anchors + offset;
+      for (int64_t index = 0; index < count; ++index)
+        probabilities[index] = static_cast<scalar_t>(sigmoid(static_cast<float>(logits[index])));
+      begin += count;
     }
   });
 }
