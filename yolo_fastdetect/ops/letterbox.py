@@ -114,7 +114,7 @@ def _as_image_list(images) -> list[np.ndarray | torch.Tensor]:
         elif images.dim() == 4:
             images = list(images.unbind(0))
         else:
-            raise ValueError(f"letterbox: a tensor of images must be (H, W, 3) or (B, H, W, 3), got {tuple(images.shape)}")
+            raise ValueError(f"letterbox: a tensor must be (H, W, 3) or (B, H, W, 3), got {tuple(images.shape)}")
     elif isinstance(images, np.ndarray):
         images = [images]
     images = list(images)
@@ -208,7 +208,10 @@ def letterbox(
     outputs = []
     for indices in groups.values():
         geometry = geometries[indices[0]]
-        batch = _upload([image_list[i] for i in indices], device)
+        if isinstance(images, torch.Tensor) and images.dim() == 4:  # already one batch: no unbind and re-stack
+            batch = images.to(device, non_blocking=True)
+        else:
+            batch = _upload([image_list[i] for i in indices], device)
         outputs.append(
             torch.ops.yolo_fastdetect.letterbox(
                 batch, table, *geometry.resized_shape, *geometry.shape, geometry.pad_top, geometry.pad_left
