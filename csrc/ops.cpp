@@ -40,4 +40,12 @@ TORCH_LIBRARY(yolo_fastdetect, m) {
       "batched_nms(Tensor prediction, int num_classes, float conf_thres, float iou_thres, int[]? classes, "
       "bool agnostic, bool multi_label, int max_det, int max_nms, float max_wh) -> "
       "(Tensor detections, Tensor counts, Tensor anchor_indices)");
+
+  // Letterbox preprocessing of uint8 (B, H, W, 3) BGR images of one size: cv::resize INTER_LINEAR (8-bit
+  // fixed-point arithmetic) to (resized_height, resized_width), placed at (pad_top, pad_left) on an
+  // (out_height, out_width) canvas of 114, BGR -> RGB, HWC -> CHW; every byte u becomes value_table[u] (256
+  // values, e.g. u / 255 in the model dtype). Returns (B, 3, out_height, out_width) in value_table's dtype.
+  m.def(
+      "letterbox(Tensor images, Tensor value_table, int resized_height, int resized_width, int out_height, "
+      "int out_width, int pad_top, int pad_left) -> Tensor");
 }

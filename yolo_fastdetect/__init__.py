@@ -18,19 +18,24 @@ if not (Path(__file__).parent / "patches").is_dir() and (Path(__file__).parent.p
 
 from .features import capture_head_inputs, detection_rois, roi_features  # noqa: E402
 from .ops import (  # noqa: E402
+    LetterboxGeometry,
     MultiScaleRoIAlign,
     RoIAlign,
     batched_nms,
     detect_decode,
     detect_decode_reference,
+    letterbox,
+    letterbox_geometry,
     multiscale_roi_align,
     non_max_suppression,
     non_max_suppression_reference,
     roi_align,
     roi_align_reference,
+    scale_boxes_batch,
 )
 
 __all__ = [
+    "LetterboxGeometry",
     "MultiScaleRoIAlign",
     "RoIAlign",
     "__version__",
@@ -42,12 +47,15 @@ __all__ = [
     "disable",
     "enable",
     "is_enabled",
+    "letterbox",
+    "letterbox_geometry",
     "multiscale_roi_align",
     "non_max_suppression",
     "non_max_suppression_reference",
     "roi_align",
     "roi_align_reference",
     "roi_features",
+    "scale_boxes_batch",
 ]
 
 

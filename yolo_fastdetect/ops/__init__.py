@@ -1,11 +1,13 @@
 """Typed wrappers over the ``torch.ops.yolo_fastdetect`` operators, with their fake kernels and references."""
 
 from .detect_decode import detect_decode, detect_decode_reference
+from .letterbox import LetterboxGeometry, letterbox, letterbox_geometry, scale_boxes_batch
 from .multiscale_roi_align import MultiScaleRoIAlign, fpn_levels, multiscale_roi_align
 from .nms import batched_nms, non_max_suppression, non_max_suppression_reference
 from .roi_align import RoIAlign, boxes_to_rois, roi_align, roi_align_reference
 
 __all__ = [
+    "LetterboxGeometry",
     "MultiScaleRoIAlign",
     "RoIAlign",
     "batched_nms",
@@ -13,9 +15,12 @@ __all__ = [
     "detect_decode",
     "detect_decode_reference",
     "fpn_levels",
+    "letterbox",
+    "letterbox_geometry",
     "multiscale_roi_align",
     "non_max_suppression",
     "non_max_suppression_reference",
     "roi_align",
     "roi_align_reference",
+    "scale_boxes_batch",
 ]

@@ -1,0 +1,262 @@
+"""Letterbox operator and scale_boxes_batch against stock Ultralytics (LetterBox, BasePredictor.preprocess,
+scale_boxes): the model input must be bit-identical (torch.equal) on every device the test runs on."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from conftest import asset_images, devices
+from ultralytics.data.augment import LetterBox
+from ultralytics.data.loaders import LoadPilAndNumpy
+from ultralytics.engine.predictor import BasePredictor
+from ultralytics.utils import ops as stock_ops
+
+from yolo_fastdetect import LetterboxGeometry, letterbox, letterbox_geometry, scale_boxes_batch
+
+# (height, width, new_shape, auto, scaleup, center, stride): odd widths, tiny, large, up- and downscaling, exact
+# 2x both ways, an unchanged size (no resize), rectangular targets, the minimum rectangle, top-left placement.
+CASES = [
+    (3, 5, 640, False, True, True, 32),
+    (1037, 1999, 640, False, True, True, 32),
+    (1037, 1999, 640, True, True, True, 32),
+    (1, 777, 640, False, True, True, 32),
+    (481, 1, 320, False, True, True, 32),
+    (320, 320, 640, False, True, True, 32),
+    (1280, 1280, 640, False, True, True, 32),
+    (640, 640, 640, False, True, True, 32),
+    (480, 640, 640, True, True, True, 32),
+    (479, 631, 640, False, True, False, 32),
+    (479, 631, 640, True, True, False, 32),
+    (201, 333, 640, False, False, True, 32),
+    (901, 333, 640, False, False, True, 32),
+    (721, 1283, (384, 640), False, True, True, 32),
+    (721, 1283, (384, 640), True, True, True, 64),
+    (97, 1111, (480, 352), False, True, True, 32),
+]
+
+
+def stock_input(images, new_shape=640, auto=False, scaleup=True, center=True, stride=32, dtype=torch.float32,
+                device="cpu") -> torch.Tensor:
+    """Stock LetterBox on each image, then stock BasePredictor.preprocess (upload, BGR->RGB, CHW, dtype, /255)."""
+    transform = LetterBox(new_shape, auto=auto, scaleup=scaleup, center=center, stride=stride)
+    predictor = SimpleNamespace(
+        pre_transform=lambda batch: [transform(image=image) for image in batch],
+        device=torch.device(device),
+        model=SimpleNamespace(fp16=dtype == torch.float16),
+    )
+    return BasePredictor.preprocess(predictor, list(images))
+
+
+def random_images(generator, count, height, width, channels=3) -> list[np.ndarray]:
+    return [
+        torch.randint(0, 256, (height, width, channels), dtype=torch.uint8, generator=generator).numpy()
+        for _ in range(count)
+    ]
+
+
+def asset_arrays() -> list[np.ndarray]:
+    return [cv2.imread(path) for path in asset_images()]
+
+
+def test_geometry_matches_stock(generator):
+    for _ in range(500):
+        height, width = (int(v) for v in torch.randint(1, 3000, (2,), generator=generator))
+        new_shape = int(torch.randint(32, 1300, (1,), generator=generator)) // 32 * 32
+        auto, scaleup, center = (bool(v) for v in torch.randint(0, 2, (3,), generator=generator))
+        params = LetterBox(new_shape, auto=auto, scaleup=scaleup, center=center).get_params(
+            {"img": np.empty((height, width, 3), np.uint8)}
+        )
+        geometry = letterbox_geometry((height, width), new_shape, auto, scaleup, center)
+        assert geometry.resized_shape == params["new_unpad"][::-1]
+        assert (geometry.pad_top, geometry.pad_left) == (params["top"], params["left"])
+        assert geometry.shape == (
+            params["new_unpad"][1] + params["top"] + params["bottom"],
+            params["new_unpad"][0] + params["left"] + params["right"],
+        )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("rect", [False, True])
+def test_assets_match_predictor(dtype, rect):
+    """The wheel's images through the predictor's own pre_transform (auto from rect) and preprocess."""
+    for images in ([*asset_arrays()], [asset_arrays()[1]] * 2):
+        predictor = SimpleNamespace(
+            imgsz=[640, 640], args=SimpleNamespace(rect=rect), scale_fill=False,
+            model=SimpleNamespace(format="pt", stride=32, fp16=dtype == torch.float16), device=torch.device("cpu"),
+        )
+        predictor.pre_transform = lambda batch, p=predictor: BasePredictor.pre_transform(p, batch)
+        expected = BasePredictor.preprocess(predictor, list(images))
+        same_shapes = len({image.shape for image in images}) == 1
+        ours, _ = letterbox(images, 640, auto=rect and same_shapes, dtype=dtype, device="cpu")
+        assert ours.dtype == expected.dtype
+        assert torch.equal(ours, expected)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)).replace(" ", ""))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_random_images_bit_identical(generator, case, dtype):
+    height, width, new_shape, auto, scaleup, center, stride = case
+    images = random_images(generator, 2, height, width)
+    expected = stock_input(images, new_shape, auto, scaleup, center, stride, dtype)
+    ours, geometries = letterbox(images, new_shape, auto, scaleup, center, stride, dtype, "cpu")
+    assert ours.shape == expected.shape
+    assert torch.equal(ours, expected)
+    assert geometries[0] == letterbox_geometry((height, width), new_shape, auto, scaleup, center, stride)
+
+
+def test_random_sizes_bit_identical(generator):
+    """Random sizes, one image each, including the extremes that the fixed cases miss."""
+    for _ in range(12):
+        height, width = (int(v) for v in torch.randint(1, 1500, (2,), generator=generator))
+        images = random_images(generator, 1, height, width)
+        assert torch.equal(letterbox(images, 640, device="cpu")[0], stock_input(images)), (height, width)
+
+
+def test_bfloat16(generator):
+    """bfloat16 has no stock counterpart: the stock uint8 canvas converted as preprocess converts to float16."""
+    images = random_images(generator, 2, 333, 517)
+    canvas = torch.from_numpy(np.stack([LetterBox(640)(image=image) for image in images]))
+    expected = canvas.permute(0, 3, 1, 2).flip(1).to(torch.bfloat16).div_(255)
+    assert torch.equal(letterbox(images, 640, dtype=torch.bfloat16, device="cpu")[0], expected)
+
+
+def test_mixed_sizes_keep_order(generator):
+    images = random_images(generator, 1, 300, 200) + random_images(generator, 1, 123, 457)
+    images += random_images(generator, 1, 300, 200)
+    ours, geometries = letterbox(images, 640, device="cpu")
+    assert torch.equal(ours, stock_input(images))
+    assert [g.orig_shape for g in geometries] == [(300, 200), (123, 457), (300, 200)]
+
+
+def test_tensor_inputs(generator):
+    images = random_images(generator, 3, 211, 389)
+    expected = stock_input(images)
+    batch = torch.from_numpy(np.stack(images))
+    assert torch.equal(letterbox(batch, 640)[0], expected)
+    assert torch.equal(letterbox(list(batch), 640)[0], expected)
+    assert torch.equal(letterbox(batch[0], 640)[0], expected[:1])
+
+
+@pytest.mark.parametrize("shape", [(90, 130), (90, 130, 1), (90, 130, 2), (90, 130, 4)], ids=str)
+def test_gray_and_bgra_converted_as_stock_loader(generator, shape):
+    image = torch.randint(0, 256, shape, dtype=torch.uint8, generator=generator).numpy()
+    expected = stock_input([LoadPilAndNumpy._single_check(image)])
+    assert torch.equal(letterbox(image, 640, device="cpu")[0], expected)
+
+
+def test_uint16_scaled_as_stock_loader(generator):
+    image = torch.randint(0, 65536, (50, 70, 3), dtype=torch.int32, generator=generator).numpy().astype(np.uint16)
+    expected = stock_input([LoadPilAndNumpy._single_check(image)])
+    assert torch.equal(letterbox(image, 640, device="cpu")[0], expected)
+
+
+def test_bad_inputs():
+    with pytest.raises(TypeError, match="uint8"):
+        letterbox(torch.zeros(10, 10, 3), 640)
+    with pytest.raises(TypeError, match="uint8"):
+        letterbox(np.zeros((10, 10, 3), np.float32), 640)
+    with pytest.raises(ValueError, match="channels"):
+        letterbox(np.zeros((10, 10, 5), np.uint8), 640)
+    with pytest.raises(ValueError, match=r"\(H, W, 3\)"):
+        letterbox(torch.zeros(10, 10, 4, dtype=torch.uint8), 640)
+    with pytest.raises(ValueError, match="no images"):
+        letterbox([], 640)
+    with pytest.raises(ValueError, match="one size"):
+        letterbox([np.zeros((10, 20, 3), np.uint8), np.zeros((20, 10, 3), np.uint8)], 640, auto=True)
+
+    op = torch.ops.yolo_fastdetect.letterbox
+    images, table = torch.zeros(1, 8, 8, 3, dtype=torch.uint8), torch.zeros(256)
+    with pytest.raises(ValueError, match="images must be"):
+        op(images[..., :2], table, 8, 8, 8, 8, 0, 0)
+    with pytest.raises(TypeError, match="images must be uint8"):
+        op(images.float(), table, 8, 8, 8, 8, 0, 0)
+    with pytest.raises(ValueError, match="value_table must hold 256"):
+        op(images, table[:10], 8, 8, 8, 8, 0, 0)
+    with pytest.raises(TypeError, match="value_table must be"):
+        op(images, table.long(), 8, 8, 8, 8, 0, 0)
+    with pytest.raises(ValueError, match="resized size must be positive"):
+        op(images, table, 0, 8, 8, 8, 0, 0)
+    with pytest.raises(ValueError, match="pad_top and pad_left"):
+        op(images, table, 8, 8, 8, 8, -1, 0)
+    with pytest.raises(ValueError, match="does not fit"):
+        op(images, table, 8, 8, 8, 8, 1, 0)
+    with pytest.raises(ValueError, match="at least 1x1"):
+        op(torch.zeros(1, 0, 8, 3, dtype=torch.uint8), table, 8, 8, 8, 8, 0, 0)
+
+
+def test_empty_batch_and_opcheck(generator):
+    table = torch.arange(256, dtype=torch.float32)
+    arguments = (20, 28, 32, 32, 6, 2)  # resized 20x28 at (6, 2) on a 32x32 canvas
+    empty = torch.ops.yolo_fastdetect.letterbox(torch.zeros(0, 5, 7, 3, dtype=torch.uint8), table, *arguments)
+    assert empty.shape == (0, 3, 32, 32)
+    images = torch.randint(0, 256, (2, 5, 7, 3), dtype=torch.uint8, generator=generator)
+    torch.library.opcheck(torch.ops.yolo_fastdetect.letterbox.default, (images, table, *arguments))
+
+
+def random_boxes(generator, geometries, count, device):
+    """(B, count, 6) boxes spread over (and past) each canvas, plus a score and a class column."""
+    height, width = geometries[0].shape
+    corners = torch.rand(len(geometries), count, 2, 2, generator=generator) * torch.tensor([width, height]) * 1.2 - 20
+    corners = torch.sort(corners, dim=2).values  # x1 <= x2, y1 <= y2
+    extras = torch.rand(len(geometries), count, 2, generator=generator)
+    return torch.cat((corners.flatten(2), extras), 2).to(device)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("center", [True, False])
+@pytest.mark.parametrize("xywh", [False, True])
+def test_scale_boxes_batch_matches_stock(generator, device, center, xywh):
+    shapes = [(1080, 810), (720, 1280), (37, 1999), (640, 640)]
+    geometries = [letterbox_geometry(shape, 640, center=center) for shape in shapes]
+    boxes = random_boxes(generator, geometries, 50, device)
+    scaled = scale_boxes_batch(boxes, geometries, xywh=xywh)
+    for index, geometry in enumerate(geometries):
+        # The predictor passes no ratio_pad (its padding is centred); a top-left padding needs it.
+        ratio_pad = None if center else geometry.ratio_pad
+        expected = stock_ops.scale_boxes(
+            geometry.shape, boxes[index, :, :4].clone(), geometry.orig_shape, ratio_pad=ratio_pad, xywh=xywh
+        )
+        torch.testing.assert_close(scaled[index, :, :4], expected, rtol=0, atol=1e-4)
+    assert torch.equal(scaled[..., 4:], boxes[..., 4:])
+
+
+def test_scale_boxes_batch_bad_inputs():
+    geometry = LetterboxGeometry((10, 10), (10, 10), (32, 32), 11, 11)
+    with pytest.raises(ValueError, match="boxes must be"):
+        scale_boxes_batch(torch.zeros(1, 5, 3), [geometry])
+    with pytest.raises(ValueError, match="geometries"):
+        scale_boxes_batch(torch.zeros(2, 5, 6), [geometry])
+
+
+# CUDA ------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)).replace(" ", ""))
+def test_cuda_matches_cpu_bytes(generator, case):
+    """The resized bytes: the CUDA kernel against the CPU kernel, through an identity value table."""
+    height, width, new_shape, auto, scaleup, center, stride = case
+    images = torch.from_numpy(np.stack(random_images(generator, 3, height, width)))
+    geometry = letterbox_geometry((height, width), new_shape, auto, scaleup, center, stride)
+    arguments = (*geometry.resized_shape, *geometry.shape, geometry.pad_top, geometry.pad_left)
+    table = torch.arange(256, dtype=torch.float32)
+    on_cpu = torch.ops.yolo_fastdetect.letterbox(images, table, *arguments)
+    on_gpu = torch.ops.yolo_fastdetect.letterbox(images.cuda(), table.cuda(), *arguments)
+    assert torch.equal(on_gpu.cpu(), on_cpu)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_cuda_matches_stock_cuda_preprocess(generator, dtype):
+    """numpy images uploaded and letterboxed on the GPU against stock preprocess on the GPU (whose division runs
+    there), for the wheel's images and random sizes."""
+    batches = [asset_arrays(), random_images(generator, 4, 1037, 1999), random_images(generator, 2, 3, 5)]
+    for images in batches:
+        expected = stock_input(images, dtype=dtype, device="cuda")
+        ours, _ = letterbox(images, 640, dtype=dtype, device="cuda")
+        assert torch.equal(ours, expected)
+        assert torch.equal(letterbox([torch.from_numpy(i).cuda() for i in images], 640, dtype=dtype)[0], expected)

@@ -1,0 +1,275 @@
+"""Letterbox preprocessing in one kernel per batch: ``yolo_fastdetect::letterbox`` (CPU and CUDA).
+
+Stock Ultralytics letterboxes each image on the CPU (``LetterBox``: ``cv2.resize`` INTER_LINEAR, then
+``cv2.copyMakeBorder`` with 114), stacks them, uploads the uint8 batch and converts it on the device (BGR -> RGB,
+HWC -> CHW, ``.half()``/``.float()``, ``/ 255``). :func:`letterbox` uploads the original images once and does all of
+it in one kernel, with cv2's 8-bit fixed-point arithmetic, so the model input is bit-identical to stock's.
+:func:`scale_boxes_batch` maps detections back to the original images, as ``ultralytics.utils.ops.scale_boxes``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .._ext import on_load, require
+
+__all__ = ["LetterboxGeometry", "letterbox", "letterbox_geometry", "scale_boxes_batch"]
+
+PADDING_VALUE = 114
+
+
+@dataclass(frozen=True)
+class LetterboxGeometry:
+    """Where one image lands in the model input: LetterBox's parameters for it.
+
+    Attributes:
+        orig_shape (tuple[int, int]): ``(height, width)`` of the original image.
+        resized_shape (tuple[int, int]): ``(height, width)`` after the resize (LetterBox's ``new_unpad``, reversed).
+        shape (tuple[int, int]): ``(height, width)`` of the padded canvas, the model input.
+        pad_top (int): Padding rows above the resized image.
+        pad_left (int): Padding columns left of it.
+    """
+
+    orig_shape: tuple[int, int]
+    resized_shape: tuple[int, int]
+    shape: tuple[int, int]
+    pad_top: int
+    pad_left: int
+
+    @property
+    def ratio_pad(self) -> tuple[tuple[float, float], tuple[int, int]]:
+        """``((gain_y, gain_x), (pad_x, pad_y))`` as ``scale_boxes(..., ratio_pad=)`` takes it.
+
+        The gains are the per-axis ratios of the rounded resized size, which is what stock ``scale_boxes`` computes
+        when the predictor calls it without ``ratio_pad``.
+        """
+        gain_y = self.resized_shape[0] / self.orig_shape[0]
+        gain_x = self.resized_shape[1] / self.orig_shape[1]
+        return (gain_y, gain_x), (self.pad_left, self.pad_top)
+
+
+def letterbox_geometry(
+    image_shape: Sequence[int],
+    new_shape: int | Sequence[int] = 640,
+    auto: bool = False,
+    scaleup: bool = True,
+    center: bool = True,
+    stride: int = 32,
+) -> LetterboxGeometry:
+    """LetterBox's geometry for one image of ``image_shape`` ``(height, width, ...)``, step for step as
+    ``ultralytics.data.augment.LetterBox.get_params`` (8.4) computes it, rounding included."""
+    shape = (int(image_shape[0]), int(image_shape[1]))
+    new_shape = (new_shape, new_shape) if isinstance(new_shape, int) else (int(new_shape[0]), int(new_shape[1]))
+    ratio = min(new_shape[0] / shape[0], new_shape[1] / shape[1])
+    if not scaleup:  # only scale down
+        ratio = min(ratio, 1.0)
+    resized_width, resized_height = max(round(shape[1] * ratio), 1), max(round(shape[0] * ratio), 1)
+    pad_width, pad_height = new_shape[1] - resized_width, new_shape[0] - resized_height
+    if auto:  # minimum rectangle: pad only up to the next multiple of the stride
+        pad_width, pad_height = pad_width % stride, pad_height % stride
+    if center:
+        pad_width /= 2
+        pad_height /= 2
+    # The -0.1 / +0.1 puts the odd pixel of a centred padding at the bottom and right, as LetterBox does.
+    top, bottom = round(pad_height - 0.1) if center else 0, round(pad_height + 0.1)
+    left, right = round(pad_width - 0.1) if center else 0, round(pad_width + 0.1)
+    return LetterboxGeometry(
+        orig_shape=shape,
+        resized_shape=(resized_height, resized_width),
+        shape=(resized_height + top + bottom, resized_width + left + right),
+        pad_top=top,
+        pad_left=left,
+    )
+
+
+def _as_bgr(image: np.ndarray) -> np.ndarray:
+    """A uint8 (H, W, 3) BGR view or copy of a numpy image, converted as Ultralytics' image loader does for a
+    3-channel model: 16-bit scaled to 8, grayscale (and gray + alpha) repeated, BGRA without its alpha."""
+    if image.dtype == np.uint16:
+        image = (image >> 8).astype(np.uint8)
+    if image.dtype != np.uint8:
+        raise TypeError(f"letterbox: numpy images must be uint8 (or uint16), got {image.dtype}")
+    image = np.atleast_3d(image)
+    if image.ndim != 3 or not all(image.shape):
+        raise ValueError(f"letterbox: expected an (H, W, C) image, got shape {image.shape}")
+    channels = image.shape[2]
+    if channels in (1, 2):  # gray, gray + alpha
+        return np.repeat(image[..., :1], 3, axis=2)
+    if channels == 4:  # BGRA
+        return image[..., :3]
+    if channels != 3:
+        raise ValueError(f"letterbox: images must have 1 to 4 channels, got {channels}")
+    return image
+
+
+def _as_image_list(images) -> list[np.ndarray | torch.Tensor]:
+    """The inputs as a list of (H, W, 3) uint8 BGR images (numpy arrays or tensors)."""
+    if isinstance(images, torch.Tensor):
+        if images.dim() == 3:
+            images = [images]
+        elif images.dim() == 4:
+            images = list(images.unbind(0))
+        else:
+            raise ValueError(f"letterbox: a tensor must be (H, W, 3) or (B, H, W, 3), got {tuple(images.shape)}")
+    elif isinstance(images, np.ndarray):
+        images = [images]
+    images = list(images)
+    if not images:
+        raise ValueError("letterbox: no images given")
+    checked = []
+    for image in images:
+        if isinstance(image, np.ndarray):
+            checked.append(_as_bgr(image))
+        elif isinstance(image, torch.Tensor):
+            if image.dtype != torch.uint8:
+                raise TypeError(f"letterbox: image tensors must be uint8, got {image.dtype}")
+            if image.dim() != 3 or image.shape[2] != 3:
+                raise ValueError(f"letterbox: image tensors must be (H, W, 3) BGR, got {tuple(image.shape)}")
+            checked.append(image)
+        else:
+            raise TypeError(f"letterbox: images must be numpy arrays or uint8 tensors, got {type(image).__name__}")
+    return checked
+
+
+_value_tables: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def _value_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """u / 255 for every byte u, computed as stock preprocess computes it on that device (``.half()`` or
+    ``.float()``, then ``.div_(255)``), so that the kernel's lookup gives the same bits."""
+    key = (dtype, device)
+    if key not in _value_tables:
+        _value_tables[key] = torch.arange(256, dtype=torch.uint8, device=device).to(dtype).div_(255)
+    return _value_tables[key]
+
+
+def _upload(group: list[np.ndarray | torch.Tensor], device: torch.device) -> torch.Tensor:
+    """One (B, H, W, 3) uint8 tensor on ``device`` from images of one size: numpy images are stacked once into
+    pinned memory and copied without blocking when the device is a GPU."""
+    if isinstance(group[0], torch.Tensor):
+        return torch.stack([image.to(device, non_blocking=True) for image in group])
+    if device.type != "cuda":
+        return torch.from_numpy(np.stack(group))
+    staging = torch.empty((len(group), *group[0].shape), dtype=torch.uint8, pin_memory=True)
+    np.stack(group, out=staging.numpy())
+    return staging.to(device, non_blocking=True)
+
+
+def letterbox(
+    images: np.ndarray | torch.Tensor | Sequence[np.ndarray | torch.Tensor],
+    new_shape: int | Sequence[int] = 640,
+    auto: bool = False,
+    scaleup: bool = True,
+    center: bool = True,
+    stride: int = 32,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> tuple[torch.Tensor, list[LetterboxGeometry]]:
+    """The model input tensor of a batch of BGR images, as stock ``LetterBox`` + ``BasePredictor.preprocess``.
+
+    Images of one size take one kernel launch; a batch of several sizes takes one per size.
+
+    Args:
+        images: uint8 BGR images ``(H, W, C)``: numpy arrays (grayscale, gray + alpha and BGRA are converted as
+            Ultralytics' loader converts them), uint8 ``(H, W, 3)`` tensors, a list of either, or one
+            ``(B, H, W, 3)`` tensor.
+        new_shape (int | tuple[int, int]): Target ``(height, width)`` (the predictor's ``imgsz``).
+        auto (bool): Pad only to the next multiple of ``stride`` (the predictor sets it for PyTorch models with
+            ``rect`` when all images have one size). Every image must end up on the same canvas size.
+        scaleup (bool): Allow enlarging images (else only shrink).
+        center (bool): Centre the image on the canvas (else top-left).
+        stride (int): Model stride, for ``auto``.
+        dtype (torch.dtype): float32 (stock without ``half``), float16 (``half=True``) or bfloat16.
+        device: Where to build the input; defaults to the tensors' device, or CUDA when available for numpy images.
+
+    Returns:
+        (torch.Tensor, list[LetterboxGeometry]): ``(B, 3, height, width)`` RGB in ``[0, 1]`` and, per image, the
+        geometry that :func:`scale_boxes_batch` takes to map boxes back.
+    """
+    image_list = _as_image_list(images)
+    if device is None:
+        first = image_list[0]
+        device = first.device if isinstance(first, torch.Tensor) else ("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    require()
+    geometries = [letterbox_geometry(image.shape, new_shape, auto, scaleup, center, stride) for image in image_list]
+    canvas = geometries[0].shape
+    if any(geometry.shape != canvas for geometry in geometries):
+        raise ValueError("letterbox: with auto=True all images must have one size (their canvases differ)")
+
+    groups: dict[tuple[int, int], list[int]] = {}  # image size -> indices of the images of that size
+    for index, geometry in enumerate(geometries):
+        groups.setdefault(geometry.orig_shape, []).append(index)
+    table = _value_table(dtype, device)
+    outputs = []
+    for indices in groups.values():
+        geometry = geometries[indices[0]]
+        if isinstance(images, torch.Tensor) and images.dim() == 4:  # already one batch: no unbind and re-stack
+            batch = images.to(device, non_blocking=True)
+        else:
+            batch = _upload([image_list[i] for i in indices], device)
+        outputs.append(
+            torch.ops.yolo_fastdetect.letterbox(
+                batch, table, *geometry.resized_shape, *geometry.shape, geometry.pad_top, geometry.pad_left
+            )
+        )
+    if len(outputs) == 1:
+        return outputs[0], geometries
+    model_input = torch.empty((len(image_list), 3, *canvas), dtype=dtype, device=device)
+    for indices, output in zip(groups.values(), outputs):
+        model_input[indices] = output
+    return model_input, geometries
+
+
+def scale_boxes_batch(
+    boxes: torch.Tensor, geometries: Sequence[LetterboxGeometry], xywh: bool = False
+) -> torch.Tensor:
+    """Map boxes from the model input back to each original image, on the boxes' device.
+
+    Matches ``ultralytics.utils.ops.scale_boxes(img.shape[2:], boxes, orig_shape)`` as the predictor calls it
+    (``ratio_pad=geometry.ratio_pad`` for a padding that is not centred): subtract the padding, divide by the
+    per-axis gain, and for ``xyxy`` clip to the original image.
+
+    Args:
+        boxes (torch.Tensor): ``(B, N, C)`` with ``C >= 4``, the first four columns ``x1, y1, x2, y2`` (or
+            ``x, y, w, h``), e.g. the fixed-size detections of :func:`batched_nms`; other columns are kept.
+        geometries (Sequence[LetterboxGeometry]): One per batch image, from :func:`letterbox`.
+        xywh (bool): Boxes are ``x, y, w, h`` (shifted and scaled, not clipped).
+
+    Returns:
+        (torch.Tensor): A new tensor like ``boxes`` with the first four columns in original-image pixels.
+    """
+    if boxes.dim() != 3 or boxes.shape[2] < 4:
+        raise ValueError(f"scale_boxes_batch: boxes must be (B, N, >=4), got {tuple(boxes.shape)}")
+    if len(geometries) != boxes.shape[0]:
+        raise ValueError(f"scale_boxes_batch: {len(geometries)} geometries for a batch of {boxes.shape[0]}")
+    per_image = [(g.ratio_pad, g.orig_shape) for g in geometries]
+    # (B, 1, 2, 2): rows are the two corners (or xy and wh), columns x and y.
+    options = {"dtype": boxes.dtype, "device": boxes.device}
+    gain = torch.tensor([[gx, gy] for ((gy, gx), _), _ in per_image], **options).view(-1, 1, 1, 2)
+    pad = torch.tensor([[px, py] for (_, (px, py)), _ in per_image], **options).view(-1, 1, 1, 2)
+    corner_pads = torch.cat((pad, torch.zeros_like(pad) if xywh else pad), 2)
+    coordinates = (boxes[..., :4].unflatten(-1, (2, 2)) - corner_pads) / gain
+    if not xywh:
+        limit = torch.tensor([[w, h] for _, (h, w) in per_image], **options).view(-1, 1, 1, 2)
+        coordinates = torch.minimum(coordinates.clamp(min=0), limit)
+    scaled = boxes.clone()
+    scaled[..., :4] = coordinates.flatten(-2)
+    return scaled
+
+
+# Fake kernel -----------------------------------------------------------------------------------------------------
+
+
+def _letterbox_fake(images, value_table, resized_height, resized_width, out_height, out_width, pad_top, pad_left):
+    torch._check(images.dim() == 4 and images.shape[3] == 3, lambda: "images must be (B, H, W, 3)")
+    return value_table.new_empty((images.shape[0], 3, out_height, out_width))
+
+
+@on_load
+def _register() -> None:
+    torch.library.register_fake("yolo_fastdetect::letterbox")(_letterbox_fake)
