@@ -177,17 +177,17 @@ def non_max_suppression(
         return stock_non_max_suppression(*stock_args)
 
     num_classes = nc or prediction.shape[1] - 4
-    detections, counts, anchor_indices = torch.ops.yolo_fastdetect.batched_nms(
+    detections, counts, anchor_indices = batched_nms(
         prediction,
         num_classes,
-        float(conf_thres),
+        conf_thres,
         _stock_iou_threshold(iou_thres, prediction.device),
         None if classes is None else _class_filter(classes),
-        bool(agnostic),
-        bool(multi_label),
-        int(max_det),
-        int(max_nms),
-        float(max_wh),
+        agnostic,
+        multi_label,
+        max_det,
+        max_nms,
+        max_wh,
     )
     counts = counts.tolist()  # the one copy to the host
     output = [rows[:count] for rows, count in zip(detections.unbind(0), counts)]
