@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .ops.letterbox import letterbox_geometry
 from .ops.roi_align import roi_align
 
 __all__ = ["HeadCapture", "capture_head_inputs", "detection_rois", "roi_features"]
@@ -110,17 +111,12 @@ def detection_rois(results: Sequence, input_shape: tuple[int, int], dtype: torch
     Inverts ``ultralytics.utils.ops.scale_boxes`` (same gain, rounding and padding as ``LetterBox``), which mapped
     the boxes from the ``input_shape`` letterbox to each image's original shape.
     """
-    input_height, input_width = input_shape
     rois = []
     for index, result in enumerate(results):
-        original_height, original_width = result.orig_shape[:2]
-        gain = min(input_height / original_height, input_width / original_width)
-        new_height, new_width = max(round(original_height * gain), 1), max(round(original_width * gain), 1)
-        pad_x = round((input_width - new_width) / 2 - 0.1)
-        pad_y = round((input_height - new_height) / 2 - 0.1)
+        # The predictor letterboxed each image into input_shape: its placement there is LetterBox's geometry.
+        (gain_y, gain_x), (pad_x, pad_y) = letterbox_geometry(result.orig_shape, input_shape).ratio_pad
         boxes = result.boxes.xyxy.to(dtype)
-        scale = boxes.new_tensor([new_width / original_width, new_height / original_height] * 2)
-        letterboxed = boxes * scale + boxes.new_tensor([pad_x, pad_y] * 2)
+        letterboxed = boxes * boxes.new_tensor([gain_x, gain_y] * 2) + boxes.new_tensor([pad_x, pad_y] * 2)
         rois.append(torch.cat((boxes.new_full((len(boxes), 1), index), letterboxed), 1))
     return torch.cat(rois) if rois else torch.zeros((0, 5), dtype=dtype)
 
