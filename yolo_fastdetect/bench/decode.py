@@ -17,6 +17,8 @@ from ..patches import detect_head
 from .timing import copy_bandwidth_gbs, environment_line, graph_median_ms, median_ms
 
 LEVEL_SHAPES = [(80, 80), (40, 40), (20, 20)]
+NUM_ANCHORS = sum(h * w for h, w in LEVEL_SHAPES)
+FLAT_LEVEL_SHAPES = [size for shape in LEVEL_SHAPES for size in shape]  # the operator's [h0, w0, h1, w1, ...]
 LEVEL_STRIDES = [8.0, 16.0, 32.0]
 NUM_CLASSES, REG_MAX = 80, 16
 DTYPES = {"fp16": torch.float16, "fp32": torch.float32, "bf16": torch.bfloat16}
@@ -32,12 +34,11 @@ def make_head(device: str, dtype: torch.dtype) -> Detect:
 
 def make_inputs(batch: int, device: str, dtype: torch.dtype) -> list[tuple[dict]]:
     """Several sets of random head outputs (never zeros) in the layout Detect.forward_head returns."""
-    num_anchors = sum(h * w for h, w in LEVEL_SHAPES)
-    set_bytes = batch * num_anchors * (4 * REG_MAX + NUM_CLASSES) * torch.finfo(dtype).bits // 8
+    set_bytes = batch * NUM_ANCHORS * (4 * REG_MAX + NUM_CLASSES) * torch.finfo(dtype).bits // 8
     sets = []
     for _ in range(max(2, min(8, ROTATION_BYTES // set_bytes))):
-        boxes = torch.randn(batch, 4 * REG_MAX, num_anchors, device=device, dtype=dtype) * 3
-        scores = torch.randn(batch, NUM_CLASSES, num_anchors, device=device, dtype=dtype) * 4 - 2
+        boxes = torch.randn(batch, 4 * REG_MAX, NUM_ANCHORS, device=device, dtype=dtype) * 3
+        scores = torch.randn(batch, NUM_CLASSES, NUM_ANCHORS, device=device, dtype=dtype) * 4 - 2
         feats = [torch.empty(batch, 1, h, w, device=device, dtype=dtype) for h, w in LEVEL_SHAPES]  # shapes only
         sets.append(({"boxes": boxes, "scores": scores, "feats": feats},))
     return sets
@@ -53,8 +54,8 @@ def time_decode(batch: int, dtype_name: str, device: str, compile_stock: bool, b
         return stock(head, x)
 
     def run_ours(x):
-        return torch.ops.yolo_fastdetect.detect_decode(x["boxes"], x["scores"], [80, 80, 40, 40, 20, 20],
-                                                       LEVEL_STRIDES, REG_MAX, True)
+        return torch.ops.yolo_fastdetect.detect_decode(x["boxes"], x["scores"], FLAT_LEVEL_SHAPES, LEVEL_STRIDES,
+                                                       REG_MAX, True)
 
     def run_patched(x):
         return detect_head.fast_inference(head, x)
@@ -75,8 +76,7 @@ def time_decode(batch: int, dtype_name: str, device: str, compile_stock: bool, b
         if device == "cuda":
             row["stock (graph)"] = graph_median_ms(run_stock, inputs)
             row["ours (graph)"] = graph_median_ms(run_ours, inputs)
-            num_anchors = sum(h * w for h, w in LEVEL_SHAPES)
-            moved = batch * num_anchors * (4 * REG_MAX + 2 * NUM_CLASSES + 4) * torch.finfo(dtype).bits // 8
+            moved = batch * NUM_ANCHORS * (4 * REG_MAX + 2 * NUM_CLASSES + 4) * torch.finfo(dtype).bits // 8
             row["floor"] = moved / (bandwidth * 1e9) * 1e3
     return row
 
