@@ -142,7 +142,7 @@ def _bench(argv: list[str]) -> None:
     """Run ``yolo_fastdetect.bench.<NAME>.main(argv)``; every benchmark module keeps that contract."""
     from . import bench
 
-    names = sorted(module.name for module in pkgutil.iter_modules(bench.__path__))
+    names = sorted(module.name for module in pkgutil.iter_modules(bench.__path__) if not module.name.startswith("_"))
     if not argv or argv[0] not in names:
         raise SystemExit(f"usage: yolo-fastdetect bench NAME [options]   NAME: {', '.join(names) or '(none yet)'}")
     importlib.import_module(f"yolo_fastdetect.bench.{argv[0]}").main(argv[1:])

@@ -14,7 +14,7 @@ from ultralytics.nn.modules.head import Detect
 
 from ..ops import detect_decode_reference
 from ..patches import detect_head
-from .timing import copy_bandwidth_gbs, environment_line, graph_median_ms, median_ms
+from ._timing import copy_bandwidth_gbs, environment_line, graph_median_ms, median_ms
 
 LEVEL_SHAPES = [(80, 80), (40, 40), (20, 20)]
 NUM_ANCHORS = sum(h * w for h, w in LEVEL_SHAPES)

@@ -17,7 +17,7 @@ import cv2
 import torch
 
 from ..ops import letterbox
-from .timing import environment_line, single_call_median_ms
+from ._timing import environment_line, single_call_median_ms
 
 
 def stock_preprocess(images: list, image_size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -20,7 +20,7 @@ import torchvision  # noqa: F401 - makes stock NMS use torchvision's kernel, as 
 
 from yolo_fastdetect.ops.nms import non_max_suppression, stock_non_max_suppression
 
-from .timing import single_call_median_ms
+from ._timing import single_call_median_ms
 
 NUM_CLASSES = 80
 NUM_ANCHORS = 8400  # 640 x 640

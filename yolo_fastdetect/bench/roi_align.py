@@ -14,7 +14,7 @@ import torch
 import torchvision
 
 from ..ops import MultiScaleRoIAlign, roi_align
-from .timing import single_call_median_ms
+from ._timing import single_call_median_ms
 
 IMAGE_SIZE = 640
 LEVEL_SHAPES = {"(4, 256, 80, 80)": (4, 256, 80, 80), "(4, 64, 160, 160)": (4, 64, 160, 160)}
