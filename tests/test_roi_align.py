@@ -241,15 +241,28 @@ def test_bad_batch_index_under_graph_capture(generator):
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("pool_mode", ["avg", "max"])
-def test_cuda_matches_cpu(generator, dtype, pool_mode):
-    """Larger than the other tests: several channel chunks (C = 70) and bin chunks (9 x 9 = 81 bins)."""
-    x = features(generator, (3, 70, 23, 31), dtype)
+@pytest.mark.parametrize("layout", ["nchw-70", "nchw-264", "channels-last-264", "channel-offset-264"])
+def test_cuda_matches_cpu(generator, dtype, pool_mode, layout):
+    """Larger than the other tests: several channel chunks, bin chunks (9 x 9 = 81 bins) and channel packets of
+    every width: 70 channels take 2-wide packets, 264 the widest (16 bytes) with a partly filled last chunk; a map
+    that starts one channel into a channels-last buffer is misaligned for packets and takes one channel per lane."""
+    channels = int(layout.rsplit("-", 1)[1])
+    x = features(generator, (3, channels, 23, 31), dtype)
     rois = random_rois(generator, 3, 23, 31, 200, spatial_scale=0.5)
     rois = rois.to(dtype if dtype == torch.float64 else torch.float32)
-    grad = features(generator, (200, 70, 9, 9), dtype)
+    grad = features(generator, (200, channels, 9, 9), dtype)
     outputs, grads = [], []
     for device in ("cpu", "cuda"):
-        leaf = x.detach().to(device).requires_grad_(True)  # a fresh leaf on each device
+        if layout == "channel-offset-264":
+            wider = features(generator, (3, channels + 1, 23, 31), dtype, device)
+            wider = wider.contiguous(memory_format=torch.channels_last)
+            leaf = wider[:, 1:].detach()
+            leaf.copy_(x)
+            leaf.requires_grad_(True)
+        elif layout.startswith("channels-last"):
+            leaf = x.to(device).contiguous(memory_format=torch.channels_last).requires_grad_(True)
+        else:
+            leaf = x.detach().to(device).requires_grad_(True)  # a fresh leaf on each device
         out = roi_align(leaf, rois.to(device), 9, 0.5, 0, pool_mode)
         out.backward(grad.to(device))
         outputs.append(out.cpu().double())

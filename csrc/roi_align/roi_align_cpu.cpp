@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/aminmax.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
@@ -69,8 +70,10 @@ void check_spatial_scales(const char* op, at::ArrayRef<double> spatial_scales, s
 // CUDA, which the CUDA launcher skips under graph capture (the kernels then pool zeros for a bad index).
 void check_batch_indices(const char* op, const at::Tensor& rois, int64_t batch) {
   if (rois.size(0) == 0) return;
+  // One reduction and one device-to-host copy of both ends (NaN propagates into both and fails the check).
   const auto [lowest, highest] = at::aminmax(rois.select(1, 0));
-  const double low = lowest.item<double>(), high = highest.item<double>();
+  const at::Tensor ends = at::stack({lowest, highest}).to(at::kCPU, at::kDouble);
+  const double low = ends.const_data_ptr<double>()[0], high = ends.const_data_ptr<double>()[1];
   TORCH_CHECK_INDEX(low >= 0 && high < static_cast<double>(batch), op,
                     ": rois[:, 0] must hold batch indices in [0, ", batch, "), got values in [", low, ", ", high,
                     "]");

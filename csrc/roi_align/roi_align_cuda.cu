@@ -1,12 +1,13 @@
 // RoIAlign on the GPU: forward and backward, one or several levels in one launch.
 //
-// Work split: a block owns one RoI, a chunk of kBinsPerBlock output bins and a chunk of kLanes channels. The lane
-// of a thread is its channel and the warp picks the bin, so every bilinear tap of a warp reads (or, backward,
-// atomically adds to) kLanes consecutive channels of one pixel: coalesced in channels-last (NHWC) memory. The
-// launcher therefore hands the kernels NHWC features (converting NCHW ones) and accumulates gradients in an
-// NHWC buffer. The sample geometry is warp-uniform, computed once per warp for all its channels.
-// The (K, C, PH, PW) output is staged through shared memory so that each block writes (and, backward, reads)
-// whole runs of consecutive bins instead of one element per channel plane.
+// Work split: a block owns one RoI, a chunk of its output bins and a chunk of channels. Its threads form groups
+// of `group_size` lanes; a group pools one bin at a time and each lane owns a packet of V consecutive channels.
+// On channels-last (NHWC) features a bilinear tap is then one V-wide vector load per lane (16 bytes), and a group
+// reads group_size * V consecutive channels of one pixel: coalesced. The sample geometry (warp-uniform) is
+// computed once per packet of V channels instead of once per channel. The launcher hands the kernels NHWC
+// features (converting NCHW ones) and accumulates gradients in an NHWC buffer, where the backward pass adds a
+// packet with vector atomics (float4 on sm_90). The (K, C, PH, PW) output is staged through shared memory so
+// that each block writes (and, backward, reads) whole runs of consecutive bins, not one element per plane.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
@@ -19,6 +20,7 @@
 #include <torch/library.h>
 
 #include <cuda/std/limits>
+#include <type_traits>
 #include <vector>
 
 #include "roi_align.h"
@@ -27,10 +29,49 @@ namespace yolo_fastdetect {
 namespace roi_align {
 namespace {
 
-constexpr int kLanes = 32;  // channels per block, one per lane of a warp
-constexpr int kWarps = 8;
-constexpr int kThreads = kLanes * kWarps;
-constexpr int kBinsPerBlock = 64;  // 7x7 output: one bin chunk per RoI
+constexpr int kThreads = 256;
+constexpr int kWarpSize = 32;
+// Shared memory for one block's output tile; above 48 KiB a kernel must opt in, which the launcher does.
+constexpr int64_t kMaxTileBytes = 80 * 1024;
+
+// V elements loaded or stored as one aligned vector.
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Packet {
+  T value[V];
+};
+
+// How a launch splits the work; the same for the forward and the backward pass of one call.
+struct Tiling {
+  int group_size;          // lanes pooling one bin together, one packet of V channels each (a power of two <= 32)
+  int64_t chunk_channels;  // channels per block: group_size * V
+  int64_t channel_chunks;
+  int64_t bins_per_block;
+  int64_t bin_chunks;
+  int64_t tile_stride;   // shared-memory row (one channel's bins); odd, so that lanes' rows fall in distinct banks
+  int64_t value_bytes;   // bytes of the value tile, rounded up so that the argmax tile after it is aligned
+  int64_t shared_bytes;  // value tile, plus the int32 argmax tile in max mode
+  int64_t blocks;
+};
+
+Tiling make_tiling(int64_t num_rois, int64_t channels, int64_t num_bins, int vector_width, int64_t value_size,
+                   bool max_mode) {
+  Tiling tiling;
+  const int64_t packets = (channels + vector_width - 1) / vector_width;
+  tiling.group_size = 1;
+  while (tiling.group_size < kWarpSize && tiling.group_size < packets) tiling.group_size *= 2;
+  tiling.chunk_channels = int64_t{tiling.group_size} * vector_width;
+  tiling.channel_chunks = (channels + tiling.chunk_channels - 1) / tiling.chunk_channels;
+  const int64_t bytes_per_bin = tiling.chunk_channels * (value_size + (max_mode ? 4 : 0));
+  const int64_t max_bins = std::max<int64_t>(kMaxTileBytes / bytes_per_bin - 1, 1);  // -1: the odd-stride pad
+  tiling.bin_chunks = (num_bins + max_bins - 1) / max_bins;
+  tiling.bins_per_block = (num_bins + tiling.bin_chunks - 1) / tiling.bin_chunks;
+  tiling.tile_stride = tiling.bins_per_block | 1;
+  tiling.value_bytes = (tiling.chunk_channels * tiling.tile_stride * value_size + 15) / 16 * 16;
+  tiling.shared_bytes = tiling.value_bytes + (max_mode ? tiling.chunk_channels * tiling.tile_stride * 4 : 0);
+  tiling.blocks = num_rois * tiling.channel_chunks * tiling.bin_chunks;
+  TORCH_CHECK(tiling.blocks < (int64_t{1} << 31), "roi_align: too many RoIs x channels x bins for one launch");
+  return tiling;
+}
 
 // Block index -> (RoI, bin chunk, channel chunk), channel chunks fastest so neighbouring blocks share taps.
 struct BlockWork {
@@ -40,100 +81,159 @@ struct BlockWork {
   int64_t first_channel;
 };
 
-__device__ __forceinline__ BlockWork block_work(int64_t num_bins, int64_t channel_chunks, int64_t bin_chunks) {
+__device__ __forceinline__ BlockWork block_work(const Tiling& tiling, int64_t num_bins) {
   const int64_t block = blockIdx.x;
   BlockWork work;
-  const int64_t channel_chunk = block % channel_chunks;
-  const int64_t bin_chunk = (block / channel_chunks) % bin_chunks;
-  work.roi = block / (channel_chunks * bin_chunks);
-  work.first_bin = bin_chunk * kBinsPerBlock;
-  work.num_bins = static_cast<int>(min(static_cast<int64_t>(kBinsPerBlock), num_bins - work.first_bin));
-  work.first_channel = channel_chunk * kLanes;
+  const int64_t channel_chunk = block % tiling.channel_chunks;
+  const int64_t bin_chunk = (block / tiling.channel_chunks) % tiling.bin_chunks;
+  work.roi = block / (tiling.channel_chunks * tiling.bin_chunks);
+  work.first_bin = bin_chunk * tiling.bins_per_block;
+  work.num_bins = static_cast<int>(min(tiling.bins_per_block, num_bins - work.first_bin));
+  work.first_channel = channel_chunk * tiling.chunk_channels;
   return work;
 }
 
-// Padded by one column so that lanes (rows) writing the same bin hit different banks.
-template <typename value_t>
-using BinTile = value_t[kLanes][kBinsPerBlock + 1];
+// Calls visit(tile index, output index) for every element of the block's tile that exists in the (K, C, PH, PW)
+// output; consecutive threads take consecutive bins of one channel, i.e. consecutive output addresses.
+template <typename Visit>
+__device__ __forceinline__ void for_each_tile_element(const BlockWork& work, const Tiling& tiling, int64_t channels,
+                                                      int64_t num_bins, Visit visit) {
+  const int count = static_cast<int>(tiling.chunk_channels) * work.num_bins;
+  for (int i = threadIdx.x; i < count; i += kThreads) {
+    const int row = i / work.num_bins, b = i - row * work.num_bins;
+    const int64_t channel = work.first_channel + row;
+    if (channel >= channels) break;  // rows grow with i
+    visit(row * tiling.tile_stride + b, (work.roi * channels + channel) * num_bins + work.first_bin + b);
+  }
+}
 
-template <typename scalar_t, typename acc_t>
+// The sample's bilinear value for the lane's V channels (0 outside the map), summed in interpolate()'s order.
+template <int V, typename scalar_t, typename acc_t>
+__device__ __forceinline__ void interpolate_packet(const scalar_t* lane_image, const PointTaps<acc_t>& taps,
+                                                   acc_t (&value)[V]) {
+#pragma unroll
+  for (int v = 0; v < V; ++v) value[v] = acc_t(0);
+  if (!taps.valid) return;
+#pragma unroll
+  for (int tap = 0; tap < 4; ++tap) {
+    const Packet<scalar_t, V> packet = *reinterpret_cast<const Packet<scalar_t, V>*>(lane_image + taps.offset[tap]);
+#pragma unroll
+    for (int v = 0; v < V; ++v) value[v] += taps.weight[tap] * static_cast<acc_t>(packet.value[v]);
+  }
+}
+
+template <int V>
+__device__ __forceinline__ void atomic_add_packet(float* address, const float (&values)[V]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (V % 4 == 0) {  // sm_90 adds a float4 in one instruction
+#pragma unroll
+    for (int v = 0; v < V; v += 4)
+      atomicAdd(reinterpret_cast<float4*>(address + v),
+                make_float4(values[v], values[v + 1], values[v + 2], values[v + 3]));
+    return;
+  }
+#endif
+#pragma unroll
+  for (int v = 0; v < V; ++v) atomicAdd(address + v, values[v]);
+}
+
+template <int V>
+__device__ __forceinline__ void atomic_add_packet(double* address, const double (&values)[V]) {
+#pragma unroll
+  for (int v = 0; v < V; ++v) atomicAdd(address + v, values[v]);
+}
+
+template <typename scalar_t, typename acc_t, int V>
 __global__ void __launch_bounds__(kThreads)
     roi_align_forward_kernel(const LevelTable<const scalar_t> levels, const acc_t* __restrict__ rois,
-                             const int64_t* __restrict__ roi_levels, const PoolParams params,
-                             const int64_t channel_chunks, const int64_t bin_chunks, scalar_t* __restrict__ out,
-                             int32_t* __restrict__ argmax) {
-  __shared__ BinTile<acc_t> value_tile;
-  __shared__ BinTile<int32_t> argmax_tile;
+                             const int64_t* __restrict__ roi_levels, const PoolParams params, const Tiling tiling,
+                             scalar_t* __restrict__ out, int32_t* __restrict__ argmax) {
+  extern __shared__ __align__(16) unsigned char shared_memory[];
+  scalar_t* value_tile = reinterpret_cast<scalar_t*>(shared_memory);
+  int32_t* argmax_tile = reinterpret_cast<int32_t*>(shared_memory + tiling.value_bytes);
   const int64_t num_bins = params.pooled_height * params.pooled_width;
-  const BlockWork work = block_work(num_bins, channel_chunks, bin_chunks);
-  const int lane = threadIdx.x % kLanes, warp = threadIdx.x / kLanes;
+  const BlockWork work = block_work(tiling, num_bins);
+  const int lane = threadIdx.x % tiling.group_size, group = threadIdx.x / tiling.group_size;
+  const int num_groups = kThreads / tiling.group_size;
   const int64_t channels = levels.channels;
+  const int64_t lane_channel = work.first_channel + int64_t{lane} * V;  // V divides channels when V > 1
   const acc_t* roi = rois + 5 * work.roi;
+  scalar_t* lane_values = value_tile + lane * V * tiling.tile_stride;
+  int32_t* lane_argmax = argmax_tile + lane * V * tiling.tile_stride;
 
   int level;
   int64_t batch_index;
-  if (roi_source(roi, roi_levels, work.roi, levels, level, batch_index)) {
+  if (roi_source(roi, roi_levels, work.roi, levels, level, batch_index) && lane_channel < channels) {
     const RoiBins<acc_t> bins = roi_bins(roi, static_cast<acc_t>(levels.spatial_scale[level]), params);
     const acc_t count = static_cast<acc_t>(max(bins.grid_h * bins.grid_w, 1));
-    // Lanes past the last channel read the last one (in bounds, no divergence) and write nothing.
-    const int64_t channel = min(work.first_channel + lane, channels - 1);
-    const scalar_t* plane =
-        levels.data[level] + batch_index * levels.stride_n[level] + channel * levels.stride_c[level];
+    const scalar_t* lane_image =
+        levels.data[level] + batch_index * levels.stride_n[level] + lane_channel * levels.stride_c[level];
     const int64_t height = levels.height[level], width = levels.width[level];
-    for (int b = warp; b < work.num_bins; b += kWarps) {
+    for (int b = group; b < work.num_bins; b += num_groups) {
       const int64_t bin = work.first_bin + b;
       const int64_t ph = bin / params.pooled_width, pw = bin - ph * params.pooled_width;
-      acc_t sum = 0, best = -::cuda::std::numeric_limits<acc_t>::infinity();
-      int32_t best_sample = -1;
+      acc_t sum[V], best[V], value[V];
+      int32_t best_sample[V];
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        sum[v] = acc_t(0);
+        best[v] = -::cuda::std::numeric_limits<acc_t>::infinity();
+        best_sample[v] = -1;
+      }
       for (int iy = 0; iy < bins.grid_h; ++iy) {
         const AxisTaps<acc_t> y =
             axis_taps(sample_coordinate(bins.start_y, bins.bin_height, ph, iy, bins.grid_h), height);
         for (int ix = 0; ix < bins.grid_w; ++ix) {
           const AxisTaps<acc_t> x =
               axis_taps(sample_coordinate(bins.start_x, bins.bin_width, pw, ix, bins.grid_w), width);
-          const acc_t value =
-              interpolate(plane, point_taps(y, x, levels.stride_h[level], levels.stride_w[level]));
-          if (params.max_mode) {
-            if (value > best) best = value, best_sample = iy * bins.grid_w + ix;
-          } else {
-            sum += value;
+          interpolate_packet<V>(lane_image, point_taps(y, x, levels.stride_h[level], levels.stride_w[level]), value);
+#pragma unroll
+          for (int v = 0; v < V; ++v) {
+            if (!params.max_mode) {
+              sum[v] += value[v];
+            } else if (value[v] > best[v]) {
+              best[v] = value[v];
+              best_sample[v] = iy * bins.grid_w + ix;
+            }
           }
         }
       }
-      value_tile[lane][b] = params.max_mode ? (best_sample >= 0 ? best : acc_t(0)) : sum / count;
-      argmax_tile[lane][b] = best_sample;
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const acc_t pooled = params.max_mode ? (best_sample[v] >= 0 ? best[v] : acc_t(0)) : sum[v] / count;
+        lane_values[v * tiling.tile_stride + b] = static_cast<scalar_t>(pooled);
+        if (params.max_mode) lane_argmax[v * tiling.tile_stride + b] = best_sample[v];
+      }
     }
-  } else {
-    for (int b = warp; b < work.num_bins; b += kWarps) {
-      value_tile[lane][b] = acc_t(0);
-      argmax_tile[lane][b] = -1;
+  } else {  // a RoI with a bad batch index or level pools zeros (and lanes past the last channel write nothing)
+    for (int b = group; b < work.num_bins; b += num_groups) {
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        lane_values[v * tiling.tile_stride + b] = scalar_t(0);
+        if (params.max_mode) lane_argmax[v * tiling.tile_stride + b] = -1;
+      }
     }
   }
   __syncthreads();
-
-  // Channel c of this block's RoI holds its bins contiguously: write runs of num_bins elements.
-  for (int i = threadIdx.x; i < kLanes * work.num_bins; i += kThreads) {
-    const int row = i / work.num_bins, b = i - row * work.num_bins;
-    const int64_t channel = work.first_channel + row;
-    if (channel >= channels) break;  // rows grow with i
-    const int64_t index = (work.roi * channels + channel) * num_bins + work.first_bin + b;
-    out[index] = static_cast<scalar_t>(value_tile[row][b]);
-    if (argmax != nullptr) argmax[index] = argmax_tile[row][b];
-  }
+  for_each_tile_element(work, tiling, channels, num_bins, [&](int64_t tile_index, int64_t index) {
+    out[index] = value_tile[tile_index];
+    if (params.max_mode) argmax[index] = argmax_tile[tile_index];
+  });
 }
 
 // grads: one NHWC buffer per level in the accumulation type; grad_output and argmax contiguous (K, C, PH, PW).
-template <typename scalar_t, typename acc_t>
+template <typename scalar_t, typename acc_t, int V>
 __global__ void __launch_bounds__(kThreads)
     roi_align_backward_kernel(const LevelTable<acc_t> grads, const acc_t* __restrict__ rois,
-                              const int64_t* __restrict__ roi_levels, const PoolParams params,
-                              const int64_t channel_chunks, const int64_t bin_chunks,
+                              const int64_t* __restrict__ roi_levels, const PoolParams params, const Tiling tiling,
                               const scalar_t* __restrict__ grad_output, const int32_t* __restrict__ argmax) {
-  __shared__ BinTile<acc_t> gradient_tile;
-  __shared__ BinTile<int32_t> argmax_tile;
+  extern __shared__ __align__(16) unsigned char shared_memory[];
+  scalar_t* gradient_tile = reinterpret_cast<scalar_t*>(shared_memory);
+  int32_t* argmax_tile = reinterpret_cast<int32_t*>(shared_memory + tiling.value_bytes);
   const int64_t num_bins = params.pooled_height * params.pooled_width;
-  const BlockWork work = block_work(num_bins, channel_chunks, bin_chunks);
-  const int lane = threadIdx.x % kLanes, warp = threadIdx.x / kLanes;
+  const BlockWork work = block_work(tiling, num_bins);
+  const int lane = threadIdx.x % tiling.group_size, group = threadIdx.x / tiling.group_size;
+  const int num_groups = kThreads / tiling.group_size;
   const int64_t channels = grads.channels;
   const acc_t* roi = rois + 5 * work.roi;
 
@@ -141,65 +241,103 @@ __global__ void __launch_bounds__(kThreads)
   int64_t batch_index;
   if (!roi_source(roi, roi_levels, work.roi, grads, level, batch_index)) return;  // block-uniform
 
-  for (int i = threadIdx.x; i < kLanes * work.num_bins; i += kThreads) {
-    const int row = i / work.num_bins, b = i - row * work.num_bins;
-    const int64_t channel = work.first_channel + row;
-    if (channel >= channels) break;
-    const int64_t index = (work.roi * channels + channel) * num_bins + work.first_bin + b;
-    gradient_tile[row][b] = static_cast<acc_t>(grad_output[index]);
-    argmax_tile[row][b] = argmax != nullptr ? argmax[index] : -1;
-  }
+  for_each_tile_element(work, tiling, channels, num_bins, [&](int64_t tile_index, int64_t index) {
+    gradient_tile[tile_index] = grad_output[index];
+    if (params.max_mode) argmax_tile[tile_index] = argmax[index];
+  });
   __syncthreads();
 
-  const int64_t channel = work.first_channel + lane;
-  if (channel >= channels) return;  // no __syncthreads() below
+  const int64_t lane_channel = work.first_channel + int64_t{lane} * V;
+  if (lane_channel >= channels) return;  // no __syncthreads() below
   const RoiBins<acc_t> bins = roi_bins(roi, static_cast<acc_t>(grads.spatial_scale[level]), params);
   const int num_samples = bins.grid_h * bins.grid_w;
   const acc_t count = static_cast<acc_t>(max(num_samples, 1));
-  acc_t* plane = grads.data[level] + batch_index * grads.stride_n[level] + channel * grads.stride_c[level];
+  acc_t* lane_image = grads.data[level] + batch_index * grads.stride_n[level] + lane_channel * grads.stride_c[level];
   const int64_t height = grads.height[level], width = grads.width[level];
   const int64_t stride_h = grads.stride_h[level], stride_w = grads.stride_w[level];
-  auto scatter = [&](int64_t ph, int64_t pw, int iy, int ix, acc_t gradient) {
-    const PointTaps<acc_t> taps =
-        point_taps(axis_taps(sample_coordinate(bins.start_y, bins.bin_height, ph, iy, bins.grid_h), height),
-                   axis_taps(sample_coordinate(bins.start_x, bins.bin_width, pw, ix, bins.grid_w), width),
-                   stride_h, stride_w);
-    if (!taps.valid) return;
-#pragma unroll
-    for (int tap = 0; tap < 4; ++tap) atomicAdd(plane + taps.offset[tap], taps.weight[tap] * gradient);
+  auto sample_taps = [&](int64_t ph, int64_t pw, int iy, int ix) {
+    return point_taps(axis_taps(sample_coordinate(bins.start_y, bins.bin_height, ph, iy, bins.grid_h), height),
+                      axis_taps(sample_coordinate(bins.start_x, bins.bin_width, pw, ix, bins.grid_w), width),
+                      stride_h, stride_w);
   };
-  for (int b = warp; b < work.num_bins; b += kWarps) {
+  const scalar_t* lane_gradients = gradient_tile + lane * V * tiling.tile_stride;
+  const int32_t* lane_argmax = argmax_tile + lane * V * tiling.tile_stride;
+  for (int b = group; b < work.num_bins; b += num_groups) {
     const int64_t bin = work.first_bin + b;
     const int64_t ph = bin / params.pooled_width, pw = bin - ph * params.pooled_width;
-    const acc_t gradient = gradient_tile[lane][b];
-    if (params.max_mode) {
-      const int32_t best_sample = argmax_tile[lane][b];
-      if (best_sample >= 0 && best_sample < num_samples)
-        scatter(ph, pw, best_sample / bins.grid_w, best_sample % bins.grid_w, gradient);
-    } else {
-      const acc_t share = gradient / count;
-      for (int iy = 0; iy < bins.grid_h; ++iy)
-        for (int ix = 0; ix < bins.grid_w; ++ix) scatter(ph, pw, iy, ix, share);
+    if (params.max_mode) {  // each channel sends its gradient to its own best sample
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const int32_t best_sample = lane_argmax[v * tiling.tile_stride + b];
+        if (best_sample < 0 || best_sample >= num_samples) continue;
+        const PointTaps<acc_t> taps = sample_taps(ph, pw, best_sample / bins.grid_w, best_sample % bins.grid_w);
+        if (!taps.valid) continue;
+        const acc_t gradient = static_cast<acc_t>(lane_gradients[v * tiling.tile_stride + b]);
+#pragma unroll
+        for (int tap = 0; tap < 4; ++tap) atomicAdd(lane_image + taps.offset[tap] + v, taps.weight[tap] * gradient);
+      }
+      continue;
+    }
+    acc_t share[V], contribution[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) share[v] = static_cast<acc_t>(lane_gradients[v * tiling.tile_stride + b]) / count;
+    for (int iy = 0; iy < bins.grid_h; ++iy) {
+      for (int ix = 0; ix < bins.grid_w; ++ix) {
+        const PointTaps<acc_t> taps = sample_taps(ph, pw, iy, ix);
+        if (!taps.valid) continue;
+#pragma unroll
+        for (int tap = 0; tap < 4; ++tap) {
+#pragma unroll
+          for (int v = 0; v < V; ++v) contribution[v] = taps.weight[tap] * share[v];
+          atomic_add_packet<V>(lane_image + taps.offset[tap], contribution);
+        }
+      }
     }
   }
 }
 
-struct LaunchShape {
-  int64_t blocks, channel_chunks, bin_chunks;
-};
+// Widest packet (at most 16 bytes) that every level allows: channels-last maps whose channels, strides and base
+// address are multiples of it. 1 (one channel per lane, any strides) otherwise.
+template <typename element_t>
+int packet_width(at::TensorList maps) {
+  for (int width = 16 / static_cast<int>(sizeof(element_t)); width > 1; width /= 2) {
+    bool fits = true;
+    for (const at::Tensor& map : maps) {
+      fits = fits && map.stride(1) == 1 && map.size(1) % width == 0 && map.stride(0) % width == 0 &&
+             map.stride(2) % width == 0 && map.stride(3) % width == 0 &&
+             reinterpret_cast<uintptr_t>(map.const_data_ptr()) % (width * sizeof(element_t)) == 0;
+    }
+    if (fits) return width;
+  }
+  return 1;
+}
 
-LaunchShape launch_shape(int64_t num_rois, int64_t channels, const PoolParams& params) {
-  const int64_t num_bins = params.pooled_height * params.pooled_width;
-  LaunchShape shape;
-  shape.channel_chunks = (channels + kLanes - 1) / kLanes;
-  shape.bin_chunks = (num_bins + kBinsPerBlock - 1) / kBinsPerBlock;
-  shape.blocks = num_rois * shape.channel_chunks * shape.bin_chunks;
-  TORCH_CHECK(shape.blocks < (int64_t{1} << 31), "roi_align: too many RoIs x channels x bins for one launch");
-  return shape;
+// Calls launch(std::integral_constant<int, V>) with V = width, instantiating only packets of <= 16 bytes.
+template <typename element_t, typename Launch>
+void with_packet_width(int width, Launch&& launch) {
+  constexpr int widest = 16 / static_cast<int>(sizeof(element_t));
+  if constexpr (widest >= 8) {
+    if (width == 8) return launch(std::integral_constant<int, 8>());
+  }
+  if constexpr (widest >= 4) {
+    if (width == 4) return launch(std::integral_constant<int, 4>());
+  }
+  if (width == 2) return launch(std::integral_constant<int, 2>());
+  launch(std::integral_constant<int, 1>());
+}
+
+template <typename Kernel>
+void allow_shared_memory(Kernel kernel, int64_t bytes) {
+  if (bytes > 48 * 1024)
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
 bool capturing_graph() {
   return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+}
+
+const int64_t* levels_or_null(const at::Tensor& roi_levels) {
+  return roi_levels.defined() ? roi_levels.const_data_ptr<int64_t>() : nullptr;
 }
 
 std::tuple<at::Tensor, at::Tensor> multiscale_forward_cuda(at::TensorList features, const at::Tensor& rois,
@@ -216,21 +354,26 @@ std::tuple<at::Tensor, at::Tensor> multiscale_forward_cuda(at::TensorList featur
   at::Tensor argmax = at::empty(max_mode ? out.sizes() : at::IntArrayRef{0}, first.options().dtype(at::kInt));
   if (out.numel() == 0) return {out, argmax};
 
-  // Channels-last makes the lanes' loads coalesced; maps already in that layout (or with unit channel stride,
+  // Channels-last makes a lane's channels contiguous; maps already in that layout (or with unit channel stride,
   // e.g. a channels-last slice) are used in place.
   std::vector<at::Tensor> channels_last;
   for (const at::Tensor& map : features)
     channels_last.push_back(map.stride(1) == 1 ? map : map.contiguous(at::MemoryFormat::ChannelsLast));
-  const LaunchShape shape = launch_shape(num_rois, channels, args.params);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, first.scalar_type(), "roi_align_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    roi_align_forward_kernel<scalar_t, acc_t><<<shape.blocks, kThreads, 0, stream>>>(
-        level_table<const scalar_t>(channels_last, spatial_scales), args.rois.const_data_ptr<acc_t>(),
-        args.roi_levels.defined() ? args.roi_levels.const_data_ptr<int64_t>() : nullptr, args.params,
-        shape.channel_chunks, shape.bin_chunks, out.mutable_data_ptr<scalar_t>(),
-        max_mode ? argmax.mutable_data_ptr<int32_t>() : nullptr);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    with_packet_width<scalar_t>(packet_width<scalar_t>(channels_last), [&](auto packet) {
+      constexpr int V = decltype(packet)::value;
+      const Tiling tiling =
+          make_tiling(num_rois, channels, pooled_height * pooled_width, V, sizeof(scalar_t), max_mode);
+      const auto kernel = roi_align_forward_kernel<scalar_t, acc_t, V>;
+      allow_shared_memory(kernel, tiling.shared_bytes);
+      kernel<<<tiling.blocks, kThreads, tiling.shared_bytes, stream>>>(
+          level_table<const scalar_t>(channels_last, spatial_scales), args.rois.const_data_ptr<acc_t>(),
+          levels_or_null(args.roi_levels), args.params, tiling, out.mutable_data_ptr<scalar_t>(),
+          max_mode ? argmax.mutable_data_ptr<int32_t>() : nullptr);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
   });
   return {out, argmax};
 }
@@ -254,16 +397,21 @@ std::vector<at::Tensor> multiscale_backward_cuda(const at::Tensor& grad_output, 
   if (grad_output.numel() > 0) {
     const at::Tensor grad_contiguous = grad_output.contiguous();
     const at::Tensor argmax_contiguous = max_mode ? argmax.contiguous() : argmax;
-    const LaunchShape shape = launch_shape(rois.size(0), grad_output.size(1), args.params);
+    const int64_t channels = grad_output.size(1), num_bins = grad_output.size(2) * grad_output.size(3);
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "roi_align_backward_cuda", [&] {
       using acc_t = at::opmath_type<scalar_t>;
-      roi_align_backward_kernel<scalar_t, acc_t><<<shape.blocks, kThreads, 0, stream>>>(
-          level_table<acc_t>(buffers, spatial_scales), args.rois.const_data_ptr<acc_t>(),
-          args.roi_levels.defined() ? args.roi_levels.const_data_ptr<int64_t>() : nullptr, args.params,
-          shape.channel_chunks, shape.bin_chunks, grad_contiguous.const_data_ptr<scalar_t>(),
-          max_mode ? argmax_contiguous.const_data_ptr<int32_t>() : nullptr);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      with_packet_width<acc_t>(packet_width<acc_t>(buffers), [&](auto packet) {
+        constexpr int V = decltype(packet)::value;
+        const Tiling tiling = make_tiling(rois.size(0), channels, num_bins, V, sizeof(scalar_t), max_mode);
+        const auto kernel = roi_align_backward_kernel<scalar_t, acc_t, V>;
+        allow_shared_memory(kernel, tiling.shared_bytes);
+        kernel<<<tiling.blocks, kThreads, tiling.shared_bytes, stream>>>(
+            level_table<acc_t>(buffers, spatial_scales), args.rois.const_data_ptr<acc_t>(),
+            levels_or_null(args.roi_levels), args.params, tiling, grad_contiguous.const_data_ptr<scalar_t>(),
+            max_mode ? argmax_contiguous.const_data_ptr<int32_t>() : nullptr);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
     });
   }
   // One transposing (and, for 16-bit types, casting) copy per level into the contiguous (N, C, H, W) result.
