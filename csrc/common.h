@@ -1,8 +1,13 @@
-// Helpers shared by every operator's device math.
+// Helpers shared by every operator: device math, and the text of numbers in error messages.
 #pragma once
 
+#include <c10/util/ArrayRef.h>
+
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <string>
+#include <type_traits>
 
 #if defined(__CUDACC__)
 #define YFD_HOST_DEVICE __host__ __device__ __forceinline__
@@ -35,6 +40,33 @@ YFD_HOST_DEVICE float fast_expf(float x) {
   std::memcpy(&scale, &exponent_bits, sizeof(scale));
   return p * scale;
 #endif
+}
+
+// Text of numbers and shapes for error messages. Checks (TORCH_CHECK and co.) pass this text instead of the
+// number: streaming a number, or an ArrayRef (whose operator<< streams numbers), from inside this library runs
+// the library's own copy of libstdc++'s number formatting (num_put), which the process's libstdc++ never
+// initialised; with torch's cu130 wheel the failing check then segfaults instead of raising. Strings,
+// ScalarType and Device stream safely.
+template <typename Integer, std::enable_if_t<std::is_integral_v<Integer>, int> = 0>
+inline std::string text(Integer value) {
+  return std::to_string(value);
+}
+
+// As an ostream prints a double: 0.5, -1e-07, nan.
+inline std::string text(double value) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof(buffer), "%g", value);
+  return buffer;
+}
+
+// As torch prints sizes: [2, 3, 4].
+inline std::string text(c10::IntArrayRef values) {
+  std::string out = "[";
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += std::to_string(values[i]);
+  }
+  return out + "]";
 }
 
 }  // namespace yolo_fastdetect

@@ -254,6 +254,16 @@ def test_bad_prediction_shapes():
         batched_nms(torch.rand(1, 8, 50, dtype=torch.float64), 4)
 
 
+def test_messages_format_shapes_and_numbers():
+    """Checks format numbers without iostreams (csrc/common.h says why), reading as torch prints them."""
+    with pytest.raises(ValueError, match=r"got \[8, 50\]"):
+        batched_nms(torch.rand(8, 50), 4)
+    with pytest.raises(ValueError, match=r"in \[1, 4\] for prediction with 8 channels, got 5"):
+        batched_nms(torch.rand(1, 8, 50), 5)
+    with pytest.raises(ValueError, match="got -1e-07"):
+        batched_nms(torch.rand(1, 8, 50), 4, iou_thres=-1e-7)
+
+
 def test_stock_handles_end2end_rotated_and_double(generator):
     end2end = torch.rand(2, 300, 6, generator=generator)
     rotated = make_prediction(generator, 2, num_extra=1)  # the extra channel is the angle

@@ -14,15 +14,15 @@ namespace yolo_fastdetect {
 void check_detect_decode_args(const at::Tensor& boxes, const at::Tensor& scores, at::IntArrayRef level_shapes,
                               at::ArrayRef<double> level_strides, int64_t reg_max, LevelTable& levels,
                               DecodeShape& shape) {
-  TORCH_CHECK_VALUE(reg_max == 1 || reg_max == 16, "detect_decode: reg_max must be 1 or 16, got ", reg_max);
-  TORCH_CHECK_VALUE(boxes.dim() == 3, "detect_decode: boxes must be (B, 4*reg_max, A), got ", boxes.sizes());
-  TORCH_CHECK_VALUE(scores.dim() == 3, "detect_decode: scores must be (B, nc, A), got ", scores.sizes());
-  TORCH_CHECK_VALUE(boxes.size(1) == 4 * reg_max, "detect_decode: boxes must have 4*reg_max = ", 4 * reg_max,
-                    " channels, got ", boxes.size(1));
-  TORCH_CHECK_VALUE(scores.size(0) == boxes.size(0), "detect_decode: scores batch ", scores.size(0),
-                    " != boxes batch ", boxes.size(0));
-  TORCH_CHECK_VALUE(scores.size(2) == boxes.size(2), "detect_decode: scores has ", scores.size(2),
-                    " anchors but boxes has ", boxes.size(2));
+  TORCH_CHECK_VALUE(reg_max == 1 || reg_max == 16, "detect_decode: reg_max must be 1 or 16, got ", text(reg_max));
+  TORCH_CHECK_VALUE(boxes.dim() == 3, "detect_decode: boxes must be (B, 4*reg_max, A), got ", text(boxes.sizes()));
+  TORCH_CHECK_VALUE(scores.dim() == 3, "detect_decode: scores must be (B, nc, A), got ", text(scores.sizes()));
+  TORCH_CHECK_VALUE(boxes.size(1) == 4 * reg_max, "detect_decode: boxes must have 4*reg_max = ", text(4 * reg_max),
+                    " channels, got ", text(boxes.size(1)));
+  TORCH_CHECK_VALUE(scores.size(0) == boxes.size(0), "detect_decode: scores batch ", text(scores.size(0)),
+                    " != boxes batch ", text(boxes.size(0)));
+  TORCH_CHECK_VALUE(scores.size(2) == boxes.size(2), "detect_decode: scores has ", text(scores.size(2)),
+                    " anchors but boxes has ", text(boxes.size(2)));
   TORCH_CHECK_TYPE(boxes.scalar_type() == at::kFloat || boxes.scalar_type() == at::kHalf ||
                        boxes.scalar_type() == at::kBFloat16,
                    "detect_decode: boxes must be float32, float16 or bfloat16, got ", boxes.scalar_type());
@@ -33,26 +33,26 @@ void check_detect_decode_args(const at::Tensor& boxes, const at::Tensor& scores,
 
   const int64_t num_levels = static_cast<int64_t>(level_strides.size());
   TORCH_CHECK_VALUE(num_levels >= 1 && num_levels <= kMaxLevels, "detect_decode: level_strides must hold 1 to ",
-                    kMaxLevels, " levels, got ", num_levels);
+                    text(kMaxLevels), " levels, got ", text(num_levels));
   TORCH_CHECK_VALUE(static_cast<int64_t>(level_shapes.size()) == 2 * num_levels,
-                    "detect_decode: level_shapes must hold (h, w) for each of the ", num_levels,
-                    " levels, got ", level_shapes.size(), " values");
+                    "detect_decode: level_shapes must hold (h, w) for each of the ", text(num_levels),
+                    " levels, got ", text(level_shapes.size()), " values");
   levels.num_levels = static_cast<int>(num_levels);
   int64_t num_anchors = 0;
   for (int64_t level = 0; level < num_levels; ++level) {
     const int64_t height = level_shapes[2 * level], width = level_shapes[2 * level + 1];
-    TORCH_CHECK_VALUE(height > 0 && width > 0, "detect_decode: level_shapes level ", level, " is ", height, "x",
-                      width, "; sizes must be positive");
+    TORCH_CHECK_VALUE(height > 0 && width > 0, "detect_decode: level_shapes level ", text(level), " is ",
+                      text(height), "x", text(width), "; sizes must be positive");
     const double stride = level_strides[level];
-    TORCH_CHECK_VALUE(std::isfinite(stride) && stride > 0, "detect_decode: level_strides[", level,
-                      "] must be positive, got ", stride);
+    TORCH_CHECK_VALUE(std::isfinite(stride) && stride > 0, "detect_decode: level_strides[", text(level),
+                      "] must be positive, got ", text(stride));
     num_anchors += height * width;
     levels.level_end[level] = num_anchors;
     levels.width[level] = width;
     levels.stride[level] = static_cast<float>(stride);
   }
-  TORCH_CHECK_VALUE(num_anchors == boxes.size(2), "detect_decode: level_shapes give ", num_anchors,
-                    " anchors but boxes has ", boxes.size(2));
+  TORCH_CHECK_VALUE(num_anchors == boxes.size(2), "detect_decode: level_shapes give ", text(num_anchors),
+                    " anchors but boxes has ", text(boxes.size(2)));
 
   shape.batch = boxes.size(0);
   shape.num_classes = scores.size(1);

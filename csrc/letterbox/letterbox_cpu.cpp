@@ -19,24 +19,26 @@ LetterboxShape check_letterbox_args(const at::Tensor& images, const at::Tensor& 
                                     int64_t resized_width, int64_t out_height, int64_t out_width, int64_t pad_top,
                                     int64_t pad_left) {
   TORCH_CHECK_VALUE(images.dim() == 4 && images.size(3) == kChannels,
-                    "letterbox: images must be (B, H, W, 3) BGR, got shape ", images.sizes());
+                    "letterbox: images must be (B, H, W, 3) BGR, got shape ", text(images.sizes()));
   TORCH_CHECK_TYPE(images.scalar_type() == at::kByte, "letterbox: images must be uint8, got ", images.scalar_type());
   TORCH_CHECK_VALUE(images.size(1) > 0 && images.size(2) > 0, "letterbox: images must be at least 1x1, got ",
-                    images.size(1), "x", images.size(2));
+                    text(images.size(1)), "x", text(images.size(2)));
   TORCH_CHECK_VALUE(value_table.dim() == 1 && value_table.size(0) == 256,
-                    "letterbox: value_table must hold 256 values (one per byte), got shape ", value_table.sizes());
+                    "letterbox: value_table must hold 256 values (one per byte), got shape ",
+                    text(value_table.sizes()));
   const at::ScalarType dtype = value_table.scalar_type();
   TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
                    "letterbox: value_table must be float32, float16 or bfloat16, got ", dtype);
   TORCH_CHECK(value_table.device() == images.device(), "letterbox: value_table is on ", value_table.device(),
               " but images is on ", images.device());
   TORCH_CHECK_VALUE(resized_height > 0 && resized_width > 0, "letterbox: resized size must be positive, got ",
-                    resized_height, "x", resized_width);
-  TORCH_CHECK_VALUE(pad_top >= 0 && pad_left >= 0, "letterbox: pad_top and pad_left must be >= 0, got ", pad_top,
-                    ", ", pad_left);
+                    text(resized_height), "x", text(resized_width));
+  TORCH_CHECK_VALUE(pad_top >= 0 && pad_left >= 0, "letterbox: pad_top and pad_left must be >= 0, got ",
+                    text(pad_top), ", ", text(pad_left));
   TORCH_CHECK_VALUE(pad_top + resized_height <= out_height && pad_left + resized_width <= out_width,
-                    "letterbox: the resized image (", resized_height, "x", resized_width, " at top ", pad_top,
-                    ", left ", pad_left, ") does not fit the output size ", out_height, "x", out_width);
+                    "letterbox: the resized image (", text(resized_height), "x", text(resized_width), " at top ",
+                    text(pad_top), ", left ", text(pad_left), ") does not fit the output size ", text(out_height), "x",
+                    text(out_width));
 
   LetterboxShape shape;
   shape.batch = images.size(0);

@@ -18,18 +18,21 @@ void check_nms_args(const at::Tensor& prediction, int64_t num_classes, double co
                     at::OptionalIntArrayRef classes, bool agnostic, bool multi_label, int64_t max_det,
                     int64_t max_nms, double max_wh, NmsParams& params) {
   TORCH_CHECK_VALUE(prediction.dim() == 3, "batched_nms: prediction must be (B, 4 + nc + nm, A), got ",
-                    prediction.sizes());
+                    text(prediction.sizes()));
   TORCH_CHECK_TYPE(prediction.scalar_type() == at::kFloat || prediction.scalar_type() == at::kHalf ||
                        prediction.scalar_type() == at::kBFloat16,
                    "batched_nms: prediction must be float32, float16 or bfloat16, got ", prediction.scalar_type());
   TORCH_CHECK_VALUE(num_classes >= 1 && 4 + num_classes <= prediction.size(1), "batched_nms: num_classes must be in [1, ",
-                    prediction.size(1) - 4, "] for prediction with ", prediction.size(1), " channels, got ", num_classes);
+                    text(prediction.size(1) - 4), "] for prediction with ", text(prediction.size(1)),
+                    " channels, got ", text(num_classes));
   // Written as negations so that NaN fails too.
-  TORCH_CHECK_VALUE(conf_thres >= 0 && conf_thres <= 1, "batched_nms: conf_thres must be in [0, 1], got ", conf_thres);
-  TORCH_CHECK_VALUE(iou_thres >= 0 && iou_thres <= 1, "batched_nms: iou_thres must be in [0, 1], got ", iou_thres);
-  TORCH_CHECK_VALUE(max_det >= 1, "batched_nms: max_det must be at least 1, got ", max_det);
-  TORCH_CHECK_VALUE(max_nms >= 1, "batched_nms: max_nms must be at least 1, got ", max_nms);
-  TORCH_CHECK_VALUE(std::isfinite(max_wh), "batched_nms: max_wh must be finite, got ", max_wh);
+  TORCH_CHECK_VALUE(conf_thres >= 0 && conf_thres <= 1, "batched_nms: conf_thres must be in [0, 1], got ",
+                    text(conf_thres));
+  TORCH_CHECK_VALUE(iou_thres >= 0 && iou_thres <= 1, "batched_nms: iou_thres must be in [0, 1], got ",
+                    text(iou_thres));
+  TORCH_CHECK_VALUE(max_det >= 1, "batched_nms: max_det must be at least 1, got ", text(max_det));
+  TORCH_CHECK_VALUE(max_nms >= 1, "batched_nms: max_nms must be at least 1, got ", text(max_nms));
+  TORCH_CHECK_VALUE(std::isfinite(max_wh), "batched_nms: max_wh must be finite, got ", text(max_wh));
 
   params.batch = prediction.size(0);
   params.num_anchors = prediction.size(2);
@@ -43,8 +46,9 @@ void check_nms_args(const at::Tensor& prediction, int64_t num_classes, double co
   const int64_t candidates_per_image = params.num_anchors * (params.multi_label ? num_classes : 1);
   params.max_candidates = std::max<int64_t>(1, std::min(max_nms, candidates_per_image));
   // Candidate indices (anchor * nc + class) and per-bin counts are 32-bit.
-  TORCH_CHECK_VALUE(params.num_anchors * num_classes < (int64_t{1} << 31), "batched_nms: ", params.num_anchors,
-                    " anchors x ", num_classes, " classes are too many candidates per image");
+  TORCH_CHECK_VALUE(params.num_anchors * num_classes < (int64_t{1} << 31), "batched_nms: ",
+                    text(params.num_anchors), " anchors x ", text(num_classes),
+                    " classes are too many candidates per image");
   const uint64_t last_index = static_cast<uint64_t>(std::max<int64_t>(params.num_anchors * num_classes, 2) - 1);
   params.key_bits = 0;
   while ((last_index >> params.key_bits) != 0) ++params.key_bits;
@@ -52,7 +56,7 @@ void check_nms_args(const at::Tensor& prediction, int64_t num_classes, double co
   params.class_filter_size = -1;
   if (classes.has_value()) {
     TORCH_CHECK_VALUE(classes->size() <= static_cast<size_t>(kMaxClassFilter), "batched_nms: classes may list at most ",
-                      kMaxClassFilter, " classes, got ", classes->size());
+                      text(kMaxClassFilter), " classes, got ", text(classes->size()));
     params.class_filter_size = static_cast<int>(classes->size());
     std::copy(classes->begin(), classes->end(), params.class_filter);
   }

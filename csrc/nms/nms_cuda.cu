@@ -216,8 +216,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batched_nms_cuda(const at::Tensor
   if (params.batch == 0) return {detections, counts, anchor_indices};
 
   const int64_t capacity = params.max_candidates;
-  TORCH_CHECK_VALUE(params.batch * capacity < INT_MAX, "batched_nms: batch ", params.batch, " x max_nms ",
-                    capacity, " exceeds the sort's 32-bit item count");
+  TORCH_CHECK_VALUE(params.batch * capacity < INT_MAX, "batched_nms: batch ", text(params.batch), " x max_nms ",
+                    text(capacity), " exceeds the sort's 32-bit item count");
   at::Tensor keys = at::empty({2, params.batch * capacity}, options.dtype(at::kLong));  // selected, then sorted
   at::Tensor segments = at::empty({2, params.batch}, options.dtype(at::kInt));        // begin, end offsets
   auto* selected_keys = reinterpret_cast<uint64_t*>(keys[0].mutable_data_ptr<int64_t>());
