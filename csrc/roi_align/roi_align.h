@@ -181,10 +181,15 @@ inline at::ScalarType accumulation_dtype(at::ScalarType dtype) {
   return dtype == at::kDouble ? at::kDouble : at::kFloat;
 }
 
+// Batch indices must lie in [0, N). batch_index_range: rois[:, 0]'s lowest and highest value as a (2,) tensor on
+// the rois' device (NaN propagates into both); check_batch_index_range raises unless they lie in [0, batch).
+at::Tensor batch_index_range(const at::Tensor& rois);
+void check_batch_index_range(const char* op, const at::Tensor& range, int64_t batch);
+
 // Host-side checks shared by both launchers (defined in roi_align_cpu.cpp). They raise errors that name the
 // argument, build the level table and return rois as a contiguous (K, 5) tensor in the accumulation dtype.
-// `roi_levels` may be undefined (single level). Batch indices are checked against the data on the host only
-// when `check_batch_index_values` (the CUDA launcher skips it under graph capture, where it cannot synchronise).
+// `roi_levels` may be undefined (single level). Batch indices are checked here only when
+// `check_batch_index_values` (the CUDA launcher checks them itself, without stalling the GPU).
 struct CheckedArgs {
   at::Tensor rois;        // (K, 5), float64 for float64 features, float32 otherwise
   at::Tensor roi_levels;  // (K,) int64 or undefined

@@ -68,17 +68,9 @@ void check_spatial_scales(const char* op, at::ArrayRef<double> spatial_scales, s
     TORCH_CHECK_VALUE(std::isfinite(scale) && scale > 0, op, ": spatial_scale must be positive, got ", text(scale));
 }
 
-// Batch indices must lie in [0, batch). Reads the rois' first column on the host: a device synchronisation on
-// CUDA, which the CUDA launcher skips under graph capture (the kernels then pool zeros for a bad index).
+// Batch indices must lie in [0, batch): checked on the host (the CUDA launcher defers it, see there).
 void check_batch_indices(const char* op, const at::Tensor& rois, int64_t batch) {
-  if (rois.size(0) == 0) return;
-  // One reduction and one device-to-host copy of both ends (NaN propagates into both and fails the check).
-  const auto [lowest, highest] = at::aminmax(rois.select(1, 0));
-  const at::Tensor ends = at::stack({lowest, highest}).to(at::kCPU, at::kDouble);
-  const double low = ends.const_data_ptr<double>()[0], high = ends.const_data_ptr<double>()[1];
-  TORCH_CHECK_INDEX(low >= 0 && high < static_cast<double>(batch), op,
-                    ": rois[:, 0] must hold batch indices in [0, ", text(batch), "), got values in [", text(low), ", ",
-                    text(high), "]");
+  if (rois.size(0) > 0) check_batch_index_range(op, batch_index_range(rois), batch);
 }
 
 at::Tensor rois_for_kernel(const at::Tensor& rois, at::ScalarType feature_dtype) {
@@ -86,6 +78,19 @@ at::Tensor rois_for_kernel(const at::Tensor& rois, at::ScalarType feature_dtype)
 }
 
 }  // namespace
+
+at::Tensor batch_index_range(const at::Tensor& rois) {
+  const auto [lowest, highest] = at::aminmax(rois.select(1, 0));
+  return at::stack({lowest, highest});
+}
+
+void check_batch_index_range(const char* op, const at::Tensor& range, int64_t batch) {
+  const at::Tensor ends = range.to(at::kCPU, at::kDouble);
+  const double low = ends.const_data_ptr<double>()[0], high = ends.const_data_ptr<double>()[1];
+  TORCH_CHECK_INDEX(low >= 0 && high < static_cast<double>(batch), op,
+                    ": rois[:, 0] must hold batch indices in [0, ", text(batch), "), got values in [", text(low), ", ",
+                    text(high), "]");
+}
 
 CheckedArgs check_forward_args(const char* op, at::TensorList features, const at::Tensor& rois,
                                const at::Tensor& roi_levels, int64_t pooled_height, int64_t pooled_width,

@@ -5,8 +5,8 @@
 // On channels-last (NHWC) features a bilinear tap is then one V-wide vector load per lane (16 bytes), and a group
 // reads group_size * V consecutive channels of one pixel: coalesced. The sample geometry (warp-uniform) is
 // computed once per packet of V channels instead of once per channel. The launcher hands the kernels NHWC
-// features (converting NCHW ones) and accumulates gradients in an NHWC buffer, where the backward pass adds a
-// packet with vector atomics (float4 on sm_90). The (K, C, PH, PW) output is staged through shared memory so
+// features (converting NCHW ones with a tiled transpose) and accumulates gradients in an NHWC buffer, where the
+// backward pass adds a packet with vector atomics (float4 on sm_90). The (K, C, PH, PW) output is staged through shared memory so
 // that each block writes (and, backward, reads) whole runs of consecutive bins, not one element per plane.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -296,6 +296,83 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+bool capturing_graph() {
+  return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+}
+
+constexpr int kTransposeTile = 32;
+constexpr int kTransposeRowsPerPass = 8;
+
+// Each image of `in` is a (rows, cols) matrix; out gets its transpose, cast to out_t. Tiles pass through shared
+// memory so that both the reads (along cols) and the writes (along rows) are coalesced.
+template <typename in_t, typename out_t>
+__global__ void __launch_bounds__(kTransposeTile* kTransposeRowsPerPass)
+    transpose_kernel(const in_t* __restrict__ in, out_t* __restrict__ out, int64_t rows, int64_t cols) {
+  __shared__ out_t tile[kTransposeTile][kTransposeTile + 1];  // +1: the column reads hit distinct banks
+  const int64_t image_offset = static_cast<int64_t>(blockIdx.z) * rows * cols;
+  const int64_t first_row = static_cast<int64_t>(blockIdx.y) * kTransposeTile;
+  const int64_t first_col = static_cast<int64_t>(blockIdx.x) * kTransposeTile;
+  for (int i = threadIdx.y; i < kTransposeTile; i += kTransposeRowsPerPass) {
+    const int64_t row = first_row + i, col = first_col + threadIdx.x;
+    if (row < rows && col < cols) tile[i][threadIdx.x] = static_cast<out_t>(in[image_offset + row * cols + col]);
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < kTransposeTile; i += kTransposeRowsPerPass) {
+    const int64_t col = first_col + i, row = first_row + threadIdx.x;
+    if (row < rows && col < cols) out[image_offset + col * rows + row] = tile[threadIdx.x][i];
+  }
+}
+
+// `map` (N, C, H, W) copied into a new tensor of out_t in memory `format`. A dense NCHW map going channels-last, or
+// a dense channels-last map going NCHW, takes the tiled transpose (at::Tensor::copy_ takes a generic strided path
+// for those, about three times slower); anything else takes copy_.
+template <typename in_t, typename out_t>
+at::Tensor relayout(const at::Tensor& map, at::ScalarType out_dtype, at::MemoryFormat format, cudaStream_t stream) {
+  at::Tensor out = at::empty(map.sizes(), map.options().dtype(out_dtype).memory_format(format));
+  const bool to_channels_last = format == at::MemoryFormat::ChannelsLast;
+  const bool transposes = to_channels_last ? map.is_contiguous() : map.is_contiguous(at::MemoryFormat::ChannelsLast);
+  const int64_t batch = map.size(0), channels = map.size(1), pixels = map.size(2) * map.size(3);
+  const int64_t rows = to_channels_last ? channels : pixels, cols = to_channels_last ? pixels : channels;
+  const int64_t grid_x = (cols + kTransposeTile - 1) / kTransposeTile;
+  const int64_t grid_y = (rows + kTransposeTile - 1) / kTransposeTile;
+  if (!transposes || grid_x >= (int64_t{1} << 31) || grid_y > 65535 || batch > 65535) return out.copy_(map);
+  transpose_kernel<in_t, out_t>
+      <<<dim3(grid_x, grid_y, batch), dim3(kTransposeTile, kTransposeRowsPerPass), 0, stream>>>(
+          map.const_data_ptr<in_t>(), out.mutable_data_ptr<out_t>(), rows, cols);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+// The batch-index check without stalling the GPU: the index range is copied to pinned memory ahead of the pooling
+// kernel, and the host waits for that copy only once the kernel is queued behind it. A bad index pools zeros in
+// the meantime (the kernel never reads outside the maps), and the call raises. Skipped under graph capture.
+class DeferredBatchCheck {
+ public:
+  DeferredBatchCheck(const at::Tensor& rois, cudaStream_t stream) {
+    if (rois.size(0) == 0 || capturing_graph()) return;
+    const at::Tensor range = batch_index_range(rois);
+    range_ = at::empty(range.sizes(), range.options().device(at::kCPU).pinned_memory(true));
+    range_.copy_(range, /*non_blocking=*/true);
+    C10_CUDA_CHECK(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
+    C10_CUDA_CHECK(cudaEventRecord(copied_, stream));
+  }
+  DeferredBatchCheck(const DeferredBatchCheck&) = delete;
+  DeferredBatchCheck& operator=(const DeferredBatchCheck&) = delete;
+  ~DeferredBatchCheck() {
+    if (copied_ != nullptr) C10_CUDA_CHECK_WARN(cudaEventDestroy(copied_));
+  }
+
+  void finish(const char* op, int64_t batch) {
+    if (copied_ == nullptr) return;
+    C10_CUDA_CHECK(cudaEventSynchronize(copied_));
+    check_batch_index_range(op, range_, batch);
+  }
+
+ private:
+  at::Tensor range_;
+  cudaEvent_t copied_ = nullptr;
+};
+
 // Widest packet (at most 16 bytes) that every level allows: channels-last maps whose channels, strides and base
 // address are multiples of it. 1 (one channel per lane, any strides) otherwise.
 template <typename element_t>
@@ -332,10 +409,6 @@ void allow_shared_memory(Kernel kernel, int64_t bytes) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
-bool capturing_graph() {
-  return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
-}
-
 const int64_t* levels_or_null(const at::Tensor& roi_levels) {
   return roi_levels.defined() ? roi_levels.const_data_ptr<int64_t>() : nullptr;
 }
@@ -347,21 +420,27 @@ std::tuple<at::Tensor, at::Tensor> multiscale_forward_cuda(at::TensorList featur
   TORCH_CHECK(!features.empty() && features[0].is_cuda(), "roi_align: features must be CUDA tensors");
   const c10::cuda::CUDAGuard device_guard(features[0].device());
   const CheckedArgs args = check_forward_args("roi_align", features, rois, roi_levels, pooled_height, pooled_width,
-                                              spatial_scales, sampling_ratio, aligned, max_mode, !capturing_graph());
+                                              spatial_scales, sampling_ratio, aligned, max_mode, false);
   const at::Tensor& first = features[0];
   const int64_t num_rois = rois.size(0), channels = first.size(1);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  DeferredBatchCheck batch_check(rois, stream);
   at::Tensor out = at::empty({num_rois, channels, pooled_height, pooled_width}, first.options());
   at::Tensor argmax = at::empty(max_mode ? out.sizes() : at::IntArrayRef{0}, first.options().dtype(at::kInt));
-  if (out.numel() == 0) return {out, argmax};
+  if (out.numel() == 0) {
+    batch_check.finish("roi_align", first.size(0));
+    return {out, argmax};
+  }
 
-  // Channels-last makes a lane's channels contiguous; maps already in that layout (or with unit channel stride,
-  // e.g. a channels-last slice) are used in place.
-  std::vector<at::Tensor> channels_last;
-  for (const at::Tensor& map : features)
-    channels_last.push_back(map.stride(1) == 1 ? map : map.contiguous(at::MemoryFormat::ChannelsLast));
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, first.scalar_type(), "roi_align_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;
+    // Channels-last makes a lane's channels contiguous; maps already in that layout (or with unit channel stride,
+    // e.g. a channels-last slice) are used in place.
+    std::vector<at::Tensor> channels_last;
+    for (const at::Tensor& map : features)
+      channels_last.push_back(map.stride(1) == 1 ? map
+                                                 : relayout<scalar_t, scalar_t>(map, map.scalar_type(),
+                                                                                at::MemoryFormat::ChannelsLast, stream));
     with_packet_width<scalar_t>(packet_width<scalar_t>(channels_last), [&](auto packet) {
       constexpr int V = decltype(packet)::value;
       const Tiling tiling =
@@ -375,6 +454,7 @@ std::tuple<at::Tensor, at::Tensor> multiscale_forward_cuda(at::TensorList featur
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
+  batch_check.finish("roi_align", first.size(0));
   return {out, argmax};
 }
 
@@ -416,8 +496,12 @@ std::vector<at::Tensor> multiscale_backward_cuda(const at::Tensor& grad_output, 
   }
   // One transposing (and, for 16-bit types, casting) copy per level into the contiguous (N, C, H, W) result.
   std::vector<at::Tensor> grads;
-  for (const at::Tensor& buffer : buffers)
-    grads.push_back(at::empty(buffer.sizes(), buffer.options().dtype(dtype)).copy_(buffer));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "roi_align_backward_layout", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    for (const at::Tensor& buffer : buffers)
+      grads.push_back(relayout<acc_t, scalar_t>(buffer, dtype, at::MemoryFormat::Contiguous,
+                                                c10::cuda::getCurrentCUDAStream()));
+  });
   return grads;
 }
 
