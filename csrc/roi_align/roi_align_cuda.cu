@@ -1,13 +1,13 @@
 // RoIAlign on the GPU: forward and backward, one or several levels in one launch.
 //
-// Work split: a block owns one RoI, a chunk of its output bins and a chunk of channels. Its threads form groups
-// of `group_size` lanes; a group pools one bin at a time and each lane owns a packet of V consecutive channels.
-// On channels-last (NHWC) features a bilinear tap is then one V-wide vector load per lane (16 bytes), and a group
-// reads group_size * V consecutive channels of one pixel: coalesced. The sample geometry (warp-uniform) is
-// computed once per packet of V channels instead of once per channel. The launcher hands the kernels NHWC
-// features (converting NCHW ones with a tiled transpose) and accumulates gradients in an NHWC buffer, where the
-// backward pass adds a packet with vector atomics (float4 on sm_90). The (K, C, PH, PW) output is staged through shared memory so
-// that each block writes (and, backward, reads) whole runs of consecutive bins, not one element per plane.
+// Work split: a block owns one RoI, a chunk of its output bins and a chunk of channels (one 128-byte line per
+// pixel). Its threads form groups of `group_size` lanes; a group pools one bin at a time and each lane owns a
+// packet of V consecutive channels. On channels-last (NHWC) features a bilinear tap is then one V-wide vector load
+// per lane (16 bytes) and one coalesced line per group, and the sample geometry (group-uniform) is computed once per
+// packet of V channels instead of once per channel. The launcher hands the kernels NHWC features (converting NCHW
+// ones with a tiled transpose) and accumulates gradients in an NHWC buffer, where the backward pass adds a packet
+// with vector atomics (float4 on sm_90). The (K, C, PH, PW) output is staged through shared memory so that each
+// block writes (and, backward, reads) whole runs of consecutive bins, not one element per channel plane.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
@@ -29,8 +29,11 @@ namespace yolo_fastdetect {
 namespace roi_align {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kMaxThreads = 256;
 constexpr int kWarpSize = 32;
+// Channels per block: one 128-byte line of each pixel. Small chunks keep a block's working set (the RoI's pixels)
+// small enough to stay in L1, where the taps of neighbouring samples hit, next to the other resident blocks.
+constexpr int kChunkBytes = 128;
 // Shared memory for one block's output tile; above 48 KiB a kernel must opt in, which the launcher does.
 constexpr int64_t kMaxTileBytes = 80 * 1024;
 
@@ -42,6 +45,7 @@ struct alignas(sizeof(T) * V) Packet {
 
 // How a launch splits the work; the same for the forward and the backward pass of one call.
 struct Tiling {
+  int threads;             // per block: groups of group_size lanes, a multiple of the warp size
   int group_size;          // lanes pooling one bin together, one packet of V channels each (a power of two <= 32)
   int64_t chunk_channels;  // channels per block: group_size * V
   int64_t channel_chunks;
@@ -53,18 +57,25 @@ struct Tiling {
   int64_t blocks;
 };
 
-Tiling make_tiling(int64_t num_rois, int64_t channels, int64_t num_bins, int vector_width, int64_t value_size,
-                   bool max_mode) {
+// vector_width: V; packet_bytes: the bytes a lane loads (or atomically adds) per tap; value_size: of a tile element.
+Tiling make_tiling(int64_t num_rois, int64_t channels, int64_t num_bins, int vector_width, int packet_bytes,
+                   int64_t value_size, bool max_mode) {
   Tiling tiling;
   const int64_t packets = (channels + vector_width - 1) / vector_width;
+  const int max_group = std::min(kWarpSize, std::max(1, kChunkBytes / packet_bytes));
   tiling.group_size = 1;
-  while (tiling.group_size < kWarpSize && tiling.group_size < packets) tiling.group_size *= 2;
+  while (tiling.group_size < max_group && tiling.group_size < packets) tiling.group_size *= 2;
   tiling.chunk_channels = int64_t{tiling.group_size} * vector_width;
   tiling.channel_chunks = (channels + tiling.chunk_channels - 1) / tiling.chunk_channels;
   const int64_t bytes_per_bin = tiling.chunk_channels * (value_size + (max_mode ? 4 : 0));
   const int64_t max_bins = std::max<int64_t>(kMaxTileBytes / bytes_per_bin - 1, 1);  // -1: the odd-stride pad
   tiling.bin_chunks = (num_bins + max_bins - 1) / max_bins;
   tiling.bins_per_block = (num_bins + tiling.bin_chunks - 1) / tiling.bin_chunks;
+  // As many groups as make the rounds over the bins even (49 bins: 25 groups twice, not 32 then 17).
+  const int64_t max_groups = kMaxThreads / tiling.group_size;
+  const int64_t rounds = (tiling.bins_per_block + max_groups - 1) / max_groups;
+  const int64_t groups = (tiling.bins_per_block + rounds - 1) / rounds;
+  tiling.threads = static_cast<int>((groups * tiling.group_size + kWarpSize - 1) / kWarpSize * kWarpSize);
   tiling.tile_stride = tiling.bins_per_block | 1;
   tiling.value_bytes = (tiling.chunk_channels * tiling.tile_stride * value_size + 15) / 16 * 16;
   tiling.shared_bytes = tiling.value_bytes + (max_mode ? tiling.chunk_channels * tiling.tile_stride * 4 : 0);
@@ -99,7 +110,7 @@ template <typename Visit>
 __device__ __forceinline__ void for_each_tile_element(const BlockWork& work, const Tiling& tiling, int64_t channels,
                                                       int64_t num_bins, Visit visit) {
   const int count = static_cast<int>(tiling.chunk_channels) * work.num_bins;
-  for (int i = threadIdx.x; i < count; i += kThreads) {
+  for (int i = threadIdx.x; i < count; i += blockDim.x) {
     const int row = i / work.num_bins, b = i - row * work.num_bins;
     const int64_t channel = work.first_channel + row;
     if (channel >= channels) break;  // rows grow with i
@@ -144,7 +155,7 @@ __device__ __forceinline__ void atomic_add_packet(double* address, const double 
 }
 
 template <typename scalar_t, typename acc_t, int V>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kMaxThreads)
     roi_align_forward_kernel(const LevelTable<const scalar_t> levels, const acc_t* __restrict__ rois,
                              const int64_t* __restrict__ roi_levels, const PoolParams params, const Tiling tiling,
                              scalar_t* __restrict__ out, int32_t* __restrict__ argmax) {
@@ -154,7 +165,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t num_bins = params.pooled_height * params.pooled_width;
   const BlockWork work = block_work(tiling, num_bins);
   const int lane = threadIdx.x % tiling.group_size, group = threadIdx.x / tiling.group_size;
-  const int num_groups = kThreads / tiling.group_size;
+  const int num_groups = blockDim.x / tiling.group_size;
   const int64_t channels = levels.channels;
   const int64_t lane_channel = work.first_channel + int64_t{lane} * V;  // V divides channels when V > 1
   const acc_t* roi = rois + 5 * work.roi;
@@ -223,7 +234,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // grads: one NHWC buffer per level in the accumulation type; grad_output and argmax contiguous (K, C, PH, PW).
 template <typename scalar_t, typename acc_t, int V>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kMaxThreads)
     roi_align_backward_kernel(const LevelTable<acc_t> grads, const acc_t* __restrict__ rois,
                               const int64_t* __restrict__ roi_levels, const PoolParams params, const Tiling tiling,
                               const scalar_t* __restrict__ grad_output, const int32_t* __restrict__ argmax) {
@@ -233,7 +244,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t num_bins = params.pooled_height * params.pooled_width;
   const BlockWork work = block_work(tiling, num_bins);
   const int lane = threadIdx.x % tiling.group_size, group = threadIdx.x / tiling.group_size;
-  const int num_groups = kThreads / tiling.group_size;
+  const int num_groups = blockDim.x / tiling.group_size;
   const int64_t channels = grads.channels;
   const acc_t* roi = rois + 5 * work.roi;
 
@@ -443,11 +454,11 @@ std::tuple<at::Tensor, at::Tensor> multiscale_forward_cuda(at::TensorList featur
                                                                                 at::MemoryFormat::ChannelsLast, stream));
     with_packet_width<scalar_t>(packet_width<scalar_t>(channels_last), [&](auto packet) {
       constexpr int V = decltype(packet)::value;
-      const Tiling tiling =
-          make_tiling(num_rois, channels, pooled_height * pooled_width, V, sizeof(scalar_t), max_mode);
+      const Tiling tiling = make_tiling(num_rois, channels, pooled_height * pooled_width, V, V * sizeof(scalar_t),
+                                        sizeof(scalar_t), max_mode);
       const auto kernel = roi_align_forward_kernel<scalar_t, acc_t, V>;
       allow_shared_memory(kernel, tiling.shared_bytes);
-      kernel<<<tiling.blocks, kThreads, tiling.shared_bytes, stream>>>(
+      kernel<<<tiling.blocks, tiling.threads, tiling.shared_bytes, stream>>>(
           level_table<const scalar_t>(channels_last, spatial_scales), args.rois.const_data_ptr<acc_t>(),
           levels_or_null(args.roi_levels), args.params, tiling, out.mutable_data_ptr<scalar_t>(),
           max_mode ? argmax.mutable_data_ptr<int32_t>() : nullptr);
@@ -483,10 +494,11 @@ std::vector<at::Tensor> multiscale_backward_cuda(const at::Tensor& grad_output, 
       using acc_t = at::opmath_type<scalar_t>;
       with_packet_width<acc_t>(packet_width<acc_t>(buffers), [&](auto packet) {
         constexpr int V = decltype(packet)::value;
-        const Tiling tiling = make_tiling(rois.size(0), channels, num_bins, V, sizeof(scalar_t), max_mode);
+        const Tiling tiling =
+            make_tiling(rois.size(0), channels, num_bins, V, V * sizeof(acc_t), sizeof(scalar_t), max_mode);
         const auto kernel = roi_align_backward_kernel<scalar_t, acc_t, V>;
         allow_shared_memory(kernel, tiling.shared_bytes);
-        kernel<<<tiling.blocks, kThreads, tiling.shared_bytes, stream>>>(
+        kernel<<<tiling.blocks, tiling.threads, tiling.shared_bytes, stream>>>(
             level_table<acc_t>(buffers, spatial_scales), args.rois.const_data_ptr<acc_t>(),
             levels_or_null(args.roi_levels), args.params, tiling, grad_contiguous.const_data_ptr<scalar_t>(),
             max_mode ? argmax_contiguous.const_data_ptr<int32_t>() : nullptr);
