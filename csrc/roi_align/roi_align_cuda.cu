@@ -1,10 +1,10 @@
 // RoIAlign on the GPU: forward and backward, one or several levels in one launch.
 //
-// Work split: a block owns one RoI, a chunk of its output bins and a chunk of channels (one 128-byte line per
-// pixel). Its threads form groups of `group_size` lanes; a group pools one bin at a time and each lane owns a
-// packet of V consecutive channels. On channels-last (NHWC) features a bilinear tap is then one V-wide vector load
-// per lane (16 bytes) and one coalesced line per group, and the sample geometry (group-uniform) is computed once per
-// packet of V channels instead of once per channel. The launcher hands the kernels NHWC features (converting NCHW
+// Work split: a block owns one RoI, a chunk of its output bins and a chunk of channels. Its threads form groups of
+// `group_size` lanes (up to a warp); a group pools one bin at a time and each lane owns a packet of V consecutive
+// channels. On channels-last (NHWC) features a bilinear tap is then one V-wide vector load per lane (16 bytes),
+// coalesced across the group, and the sample geometry (group-uniform) is computed once per packet of V channels
+// instead of once per channel. The launcher hands the kernels NHWC features (converting NCHW
 // ones with a tiled transpose) and accumulates gradients in an NHWC buffer, where the backward pass adds a packet
 // with vector atomics (float4 on sm_90). The (K, C, PH, PW) output is staged through shared memory so that each
 // block writes (and, backward, reads) whole runs of consecutive bins, not one element per channel plane.
@@ -31,9 +31,6 @@ namespace {
 
 constexpr int kMaxThreads = 256;
 constexpr int kWarpSize = 32;
-// Channels per block: one 128-byte line of each pixel. Small chunks keep a block's working set (the RoI's pixels)
-// small enough to stay in L1, where the taps of neighbouring samples hit, next to the other resident blocks.
-constexpr int kChunkBytes = 128;
 // Shared memory for one block's output tile; above 48 KiB a kernel must opt in, which the launcher does.
 constexpr int64_t kMaxTileBytes = 80 * 1024;
 
@@ -57,14 +54,13 @@ struct Tiling {
   int64_t blocks;
 };
 
-// vector_width: V; packet_bytes: the bytes a lane loads (or atomically adds) per tap; value_size: of a tile element.
-Tiling make_tiling(int64_t num_rois, int64_t channels, int64_t num_bins, int vector_width, int packet_bytes,
-                   int64_t value_size, bool max_mode) {
+// vector_width: V; value_size: the bytes of a tile element (the output or grad_output dtype).
+Tiling make_tiling(int64_t num_rois, int64_t channels, int64_t num_bins, int vector_width, int64_t value_size,
+                   bool max_mode) {
   Tiling tiling;
   const int64_t packets = (channels + vector_width - 1) / vector_width;
-  const int max_group = std::min(kWarpSize, std::max(1, kChunkBytes / packet_bytes));
   tiling.group_size = 1;
-  while (tiling.group_size < max_group && tiling.group_size < packets) tiling.group_size *= 2;
+  while (tiling.group_size < kWarpSize && tiling.group_size < packets) tiling.group_size *= 2;
   tiling.chunk_channels = int64_t{tiling.group_size} * vector_width;
   tiling.channel_chunks = (channels + tiling.chunk_channels - 1) / tiling.chunk_channels;
   const int64_t bytes_per_bin = tiling.chunk_channels * (value_size + (max_mode ? 4 : 0));
@@ -154,7 +150,7 @@ __device__ __forceinline__ void atomic_add_packet(double* address, const double 
   for (int v = 0; v < V; ++v) atomicAdd(address + v, values[v]);
 }
 
-template <typename scalar_t, typename acc_t, int V>
+template <typename scalar_t, typename acc_t, int V, bool kMaxMode>
 __global__ void __launch_bounds__(kMaxThreads)
     roi_align_forward_kernel(const LevelTable<const scalar_t> levels, const acc_t* __restrict__ rois,
                              const int64_t* __restrict__ roi_levels, const PoolParams params, const Tiling tiling,
@@ -200,7 +196,7 @@ __global__ void __launch_bounds__(kMaxThreads)
           interpolate_packet<V>(lane_image, point_taps(y, x, levels.stride_h[level], levels.stride_w[level]), value);
 #pragma unroll
           for (int v = 0; v < V; ++v) {
-            if (!params.max_mode) {
+            if (!kMaxMode) {
               sum[v] += value[v];
             } else if (value[v] > best[v]) {
               best[v] = value[v];
@@ -211,9 +207,9 @@ __global__ void __launch_bounds__(kMaxThreads)
       }
 #pragma unroll
       for (int v = 0; v < V; ++v) {
-        const acc_t pooled = params.max_mode ? (best_sample[v] >= 0 ? best[v] : acc_t(0)) : sum[v] / count;
+        const acc_t pooled = kMaxMode ? (best_sample[v] >= 0 ? best[v] : acc_t(0)) : sum[v] / count;
         lane_values[v * tiling.tile_stride + b] = static_cast<scalar_t>(pooled);
-        if (params.max_mode) lane_argmax[v * tiling.tile_stride + b] = best_sample[v];
+        if (kMaxMode) lane_argmax[v * tiling.tile_stride + b] = best_sample[v];
       }
     }
   } else {  // a RoI with a bad batch index or level pools zeros (and lanes past the last channel write nothing)
@@ -221,19 +217,19 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         lane_values[v * tiling.tile_stride + b] = scalar_t(0);
-        if (params.max_mode) lane_argmax[v * tiling.tile_stride + b] = -1;
+        if (kMaxMode) lane_argmax[v * tiling.tile_stride + b] = -1;
       }
     }
   }
   __syncthreads();
   for_each_tile_element(work, tiling, channels, num_bins, [&](int64_t tile_index, int64_t index) {
     out[index] = value_tile[tile_index];
-    if (params.max_mode) argmax[index] = argmax_tile[tile_index];
+    if (kMaxMode) argmax[index] = argmax_tile[tile_index];
   });
 }
 
 // grads: one NHWC buffer per level in the accumulation type; grad_output and argmax contiguous (K, C, PH, PW).
-template <typename scalar_t, typename acc_t, int V>
+template <typename scalar_t, typename acc_t, int V, bool kMaxMode>
 __global__ void __launch_bounds__(kMaxThreads)
     roi_align_backward_kernel(const LevelTable<acc_t> grads, const acc_t* __restrict__ rois,
                               const int64_t* __restrict__ roi_levels, const PoolParams params, const Tiling tiling,
@@ -254,7 +250,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 
   for_each_tile_element(work, tiling, channels, num_bins, [&](int64_t tile_index, int64_t index) {
     gradient_tile[tile_index] = grad_output[index];
-    if (params.max_mode) argmax_tile[tile_index] = argmax[index];
+    if (kMaxMode) argmax_tile[tile_index] = argmax[index];
   });
   __syncthreads();
 
@@ -276,7 +272,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   for (int b = group; b < work.num_bins; b += num_groups) {
     const int64_t bin = work.first_bin + b;
     const int64_t ph = bin / params.pooled_width, pw = bin - ph * params.pooled_width;
-    if (params.max_mode) {  // each channel sends its gradient to its own best sample
+    if (kMaxMode) {  // each channel sends its gradient to its own best sample
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         const int32_t best_sample = lane_argmax[v * tiling.tile_stride + b];
@@ -454,9 +450,11 @@ std::tuple<at::Tensor, at::Tensor> multiscale_forward_cuda(at::TensorList featur
                                                                                 at::MemoryFormat::ChannelsLast, stream));
     with_packet_width<scalar_t>(packet_width<scalar_t>(channels_last), [&](auto packet) {
       constexpr int V = decltype(packet)::value;
-      const Tiling tiling = make_tiling(num_rois, channels, pooled_height * pooled_width, V, V * sizeof(scalar_t),
-                                        sizeof(scalar_t), max_mode);
-      const auto kernel = roi_align_forward_kernel<scalar_t, acc_t, V>;
+      const Tiling tiling =
+          make_tiling(num_rois, channels, pooled_height * pooled_width, V, sizeof(scalar_t), max_mode);
+      // Avg and max mode are separate kernels: max mode's per-channel argmax state would cost avg mode registers.
+      const auto kernel = max_mode ? roi_align_forward_kernel<scalar_t, acc_t, V, true>
+                                   : roi_align_forward_kernel<scalar_t, acc_t, V, false>;
       allow_shared_memory(kernel, tiling.shared_bytes);
       kernel<<<tiling.blocks, tiling.threads, tiling.shared_bytes, stream>>>(
           level_table<const scalar_t>(channels_last, spatial_scales), args.rois.const_data_ptr<acc_t>(),
@@ -494,9 +492,9 @@ std::vector<at::Tensor> multiscale_backward_cuda(const at::Tensor& grad_output, 
       using acc_t = at::opmath_type<scalar_t>;
       with_packet_width<acc_t>(packet_width<acc_t>(buffers), [&](auto packet) {
         constexpr int V = decltype(packet)::value;
-        const Tiling tiling =
-            make_tiling(rois.size(0), channels, num_bins, V, V * sizeof(acc_t), sizeof(scalar_t), max_mode);
-        const auto kernel = roi_align_backward_kernel<scalar_t, acc_t, V>;
+        const Tiling tiling = make_tiling(rois.size(0), channels, num_bins, V, sizeof(scalar_t), max_mode);
+        const auto kernel = max_mode ? roi_align_backward_kernel<scalar_t, acc_t, V, true>
+                                     : roi_align_backward_kernel<scalar_t, acc_t, V, false>;
         allow_shared_memory(kernel, tiling.shared_bytes);
         kernel<<<tiling.blocks, tiling.threads, tiling.shared_bytes, stream>>>(
             level_table<acc_t>(buffers, spatial_scales), args.rois.const_data_ptr<acc_t>(),
