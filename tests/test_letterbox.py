@@ -197,6 +197,31 @@ def test_mixed_sizes_one_batch_bit_identical(generator, monkeypatch, device, pie
         assert torch.equal(letterbox(on_gpu, 640, dtype=torch.float16)[0], ours)
 
 
+@pytest.mark.parametrize("device", devices())
+def test_out_written_in_place(generator, device):
+    images = random_images(generator, 2, 211, 389) + random_images(generator, 1, 50, 1001)
+    expected, _ = letterbox(images, 640, dtype=torch.float16, device=device)
+    out = torch.full((3, 3, 640, 640), -1.0, dtype=torch.float16, device=device)
+    result, geometries = letterbox(images, 640, dtype=torch.float16, out=out)  # the device is out's
+    assert result is out
+    assert torch.equal(out, expected)
+    assert [g.orig_shape for g in geometries] == [(211, 389), (211, 389), (50, 1001)]
+
+
+def test_bad_out():
+    images = [np.zeros((10, 20, 3), np.uint8)] * 2
+    for out in (
+        torch.empty(1, 3, 640, 640),  # batch
+        torch.empty(2, 3, 640, 320),  # canvas
+        torch.empty(2, 3, 640, 640, dtype=torch.float16),  # dtype
+        torch.empty(2, 640, 640, 3).permute(0, 3, 1, 2),  # not contiguous
+        torch.empty(2, 3, 640, 640, device="meta"),  # device
+        np.empty((2, 3, 640, 640), np.float32),
+    ):
+        with pytest.raises(ValueError, match="out must be"):
+            letterbox(images, 640, device="cpu", out=out)
+
+
 def test_bad_inputs():
     with pytest.raises(TypeError, match="uint8"):
         letterbox(torch.zeros(10, 10, 3), 640)

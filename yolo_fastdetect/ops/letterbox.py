@@ -235,6 +235,36 @@ def _image_params(geometries: Sequence[LetterboxGeometry], offsets: Sequence[int
     return params.pin_memory() if pin else params  # pinned: the launcher's upload does not block the host
 
 
+def _target_device(
+    image_list: Sequence[np.ndarray | torch.Tensor], device: torch.device | str | None, out: torch.Tensor | None
+) -> torch.device:
+    """``device``, else ``out``'s, else the first tensor's, else CUDA when available; a GPU with its index."""
+    if device is None:
+        first = image_list[0]
+        if out is not None:
+            device = out.device
+        elif isinstance(first, torch.Tensor):
+            device = first.device
+        else:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _check_out(out: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+    """Raise ValueError unless ``out`` can take the result as it is."""
+    if not isinstance(out, torch.Tensor):
+        raise ValueError(f"letterbox: out must be a torch.Tensor, got {type(out).__name__}")
+    if tuple(out.shape) != shape or out.dtype != dtype or out.device != device or not out.is_contiguous():
+        layout = "" if out.is_contiguous() else " not contiguous"
+        raise ValueError(
+            f"letterbox: out must be a contiguous {shape} {dtype} tensor on {device}, got {tuple(out.shape)} "
+            f"{out.dtype} on {out.device}{layout}"
+        )
+
+
 def letterbox(
     images: np.ndarray | torch.Tensor | Sequence[np.ndarray | torch.Tensor],
     new_shape: int | Sequence[int] = 640,
@@ -244,6 +274,7 @@ def letterbox(
     stride: int = 32,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, list[LetterboxGeometry]]:
     """The model input tensor of a batch of BGR images, as stock ``LetterBox`` + ``BasePredictor.preprocess``.
 
@@ -261,23 +292,27 @@ def letterbox(
         center (bool): Centre the image on the canvas (else top-left).
         stride (int): Model stride, for ``auto``.
         dtype (torch.dtype): float32 (stock without ``half``), float16 (``half=True``) or bfloat16.
-        device: Where to build the input; defaults to the tensors' device, or CUDA when available for numpy images.
+        device: Where to build the input; defaults to ``out``'s device, else the tensors' device, else CUDA when
+            available.
+        out (torch.Tensor | None): A contiguous ``(B, 3, height, width)`` tensor of ``dtype`` on ``device`` to write
+            the result into (e.g. a CUDA graph's static input); a new tensor when None.
 
     Returns:
-        (torch.Tensor, list[LetterboxGeometry]): ``(B, 3, height, width)`` RGB in ``[0, 1]`` and, per image, the
-        geometry that :func:`scale_boxes_batch` takes to map boxes back.
+        (torch.Tensor, list[LetterboxGeometry]): ``(B, 3, height, width)`` RGB in ``[0, 1]`` (``out`` when given)
+        and, per image, the geometry that :func:`scale_boxes_batch` takes to map boxes back.
     """
     image_list = _as_image_list(images)
-    if device is None:
-        first = image_list[0]
-        device = first.device if isinstance(first, torch.Tensor) else ("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
+    device = _target_device(image_list, device, out)
     require()
     geometries = [letterbox_geometry(image.shape, new_shape, auto, scaleup, center, stride) for image in image_list]
     canvas = geometries[0].shape
     if any(geometry.shape != canvas for geometry in geometries):
         raise ValueError("letterbox: with auto=True all images must have one size (their canvases differ)")
-    out = torch.empty((len(image_list), 3, *canvas), dtype=dtype, device=device)
+    shape = (len(image_list), 3, *canvas)
+    if out is None:
+        out = torch.empty(shape, dtype=dtype, device=device)
+    else:
+        _check_out(out, shape, dtype, device)
 
     sizes = [height * width * 3 for height, width in (geometry.orig_shape for geometry in geometries)]
     offsets = [0, *accumulate(sizes[:-1])]
