@@ -41,11 +41,11 @@ TORCH_LIBRARY(yolo_fastdetect, m) {
       "bool agnostic, bool multi_label, int max_det, int max_nms, float max_wh) -> "
       "(Tensor detections, Tensor counts, Tensor anchor_indices)");
 
-  // Letterbox preprocessing of uint8 (B, H, W, 3) BGR images of one size: cv::resize INTER_LINEAR (8-bit
-  // fixed-point arithmetic) to (resized_height, resized_width), placed at (pad_top, pad_left) on an
-  // (out_height, out_width) canvas of 114, BGR -> RGB, HWC -> CHW; every byte u becomes value_table[u] (256
-  // values, e.g. u / 255 in the model dtype). Returns (B, 3, out_height, out_width) in value_table's dtype.
-  m.def(
-      "letterbox(Tensor images, Tensor value_table, int resized_height, int resized_width, int out_height, "
-      "int out_width, int pad_top, int pad_left) -> Tensor");
+  // Letterbox preprocessing of a batch of uint8 BGR images of any sizes, in one launch: images holds them back to
+  // back (each (H, W, 3) row-major, flat), image_params (B, 7) int64, on the CPU, gives per image [byte offset,
+  // height, width, resized_height, resized_width, pad_top, pad_left]. Each image is resized with cv::resize
+  // INTER_LINEAR (8-bit fixed-point arithmetic), placed at (pad_top, pad_left) on out's canvas of 114, BGR -> RGB,
+  // HWC -> CHW; every byte u becomes value_table[u] (256 values, e.g. u / 255 in the model dtype). Writes out
+  // (B, 3, height, width), contiguous, in value_table's dtype.
+  m.def("letterbox(Tensor images, Tensor image_params, Tensor value_table, Tensor(a!) out) -> ()");
 }

@@ -3,6 +3,7 @@ scale_boxes): the model input must be bit-identical (torch.equal) on every devic
 
 from __future__ import annotations
 
+import importlib
 from types import SimpleNamespace
 
 import cv2
@@ -16,6 +17,9 @@ from ultralytics.engine.predictor import BasePredictor
 from ultralytics.utils import ops as stock_ops
 
 from yolo_fastdetect import LetterboxGeometry, letterbox, letterbox_geometry, scale_boxes_batch
+
+# The package exports the function under the module's name, so the module is imported by its full name.
+letterbox_module = importlib.import_module("yolo_fastdetect.ops.letterbox")
 
 # (height, width, new_shape, auto, scaleup, center, stride): odd widths, tiny, large, up- and downscaling, exact
 # 2x both ways, an unchanged size (no resize), rectangular targets, the minimum rectangle, top-left placement.
@@ -60,6 +64,26 @@ def random_images(generator, count, height, width, channels=3) -> list[np.ndarra
 
 def asset_arrays() -> list[np.ndarray]:
     return [cv2.imread(path) for path in asset_images()]
+
+
+def mixed_images(generator) -> list[np.ndarray]:
+    """One batch of many sizes: odd widths, 1 pixel tall and 1 pixel wide, tiny, large, a BGRA view (strided rows)
+    large enough to be staged in several pieces, and the wheel's images."""
+    sizes = [(3, 5), (1, 777), (481, 1), (97, 1111), (2003, 3001), (640, 640), (1037, 1999)]
+    images = [image for height, width in sizes for image in random_images(generator, 1, height, width)]
+    bgra = random_images(generator, 1, 1201, 1333, channels=4)[0]
+    return [*images, LoadPilAndNumpy._single_check(bgra), *asset_arrays(), bgra]
+
+
+def op_inputs(images: list[np.ndarray], geometries: list[LetterboxGeometry]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The operator's packed images and (B, 7) parameter table, built here independently of letterbox()."""
+    packed = torch.cat([torch.from_numpy(np.ascontiguousarray(image)).reshape(-1) for image in images])
+    offsets = np.cumsum([0] + [image.size for image in images[:-1]])
+    params = [
+        [offset, *geometry.orig_shape, *geometry.resized_shape, geometry.pad_top, geometry.pad_left]
+        for offset, geometry in zip(offsets.tolist(), geometries)
+    ]
+    return packed, torch.tensor(params, dtype=torch.int64)
 
 
 def test_geometry_matches_stock(generator):
@@ -154,6 +178,50 @@ def test_uint16_scaled_as_stock_loader(generator):
     assert torch.equal(letterbox(image, 640, device="cpu")[0], expected)
 
 
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("piece_bytes", [None, 5000], ids=["default-pieces", "small-pieces"])
+def test_mixed_sizes_one_batch_bit_identical(generator, monkeypatch, device, piece_bytes):
+    """A batch of many sizes (one kernel launch) equals stock on each image, bit for bit; with small staging pieces
+    too, so that pieces both cut images and span several."""
+    if piece_bytes:
+        monkeypatch.setattr(letterbox_module, "_PIECE_BYTES", piece_bytes)
+    images = mixed_images(generator)
+    ours, geometries = letterbox(images, 640, dtype=torch.float16, device=device)
+    assert ours.shape == (len(images), 3, 640, 640)
+    for index, image in enumerate(images):
+        expected = stock_input([LoadPilAndNumpy._single_check(image)], dtype=torch.float16, device=device)
+        assert torch.equal(ours[index : index + 1], expected), (index, image.shape)
+        assert geometries[index] == letterbox_geometry(image.shape, 640)
+    if device == "cuda":  # the same images as tensors already on the GPU: packed there
+        on_gpu = [torch.from_numpy(LoadPilAndNumpy._single_check(image)).to(device) for image in images]
+        assert torch.equal(letterbox(on_gpu, 640, dtype=torch.float16)[0], ours)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_out_written_in_place(generator, device):
+    images = random_images(generator, 2, 211, 389) + random_images(generator, 1, 50, 1001)
+    expected, _ = letterbox(images, 640, dtype=torch.float16, device=device)
+    out = torch.full((3, 3, 640, 640), -1.0, dtype=torch.float16, device=device)
+    result, geometries = letterbox(images, 640, dtype=torch.float16, out=out)  # the device is out's
+    assert result is out
+    assert torch.equal(out, expected)
+    assert [g.orig_shape for g in geometries] == [(211, 389), (211, 389), (50, 1001)]
+
+
+def test_bad_out():
+    images = [np.zeros((10, 20, 3), np.uint8)] * 2
+    for out in (
+        torch.empty(1, 3, 640, 640),  # batch
+        torch.empty(2, 3, 640, 320),  # canvas
+        torch.empty(2, 3, 640, 640, dtype=torch.float16),  # dtype
+        torch.empty(2, 640, 640, 3).permute(0, 3, 1, 2),  # not contiguous
+        torch.empty(2, 3, 640, 640, device="meta"),  # device
+        np.empty((2, 3, 640, 640), np.float32),
+    ):
+        with pytest.raises(ValueError, match="out must be"):
+            letterbox(images, 640, device="cpu", out=out)
+
+
 def test_bad_inputs():
     with pytest.raises(TypeError, match="uint8"):
         letterbox(torch.zeros(10, 10, 3), 640)
@@ -168,33 +236,56 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="one size"):
         letterbox([np.zeros((10, 20, 3), np.uint8), np.zeros((20, 10, 3), np.uint8)], 640, auto=True)
 
+
+def valid_op_arguments() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Two images, 8x8 and 4x6, packed; each resized to 8x8 at the top left of an 8x8 canvas."""
+    params = torch.tensor([[0, 8, 8, 8, 8, 0, 0], [192, 4, 6, 8, 8, 0, 0]])
+    return torch.zeros(192 + 72, dtype=torch.uint8), params, torch.zeros(256), torch.empty(2, 3, 8, 8)
+
+
+def with_param(params: torch.Tensor, row: int, column: int, value: int) -> torch.Tensor:
+    changed = params.clone()
+    changed[row, column] = value
+    return changed
+
+
+def test_op_argument_errors():
     op = torch.ops.yolo_fastdetect.letterbox
-    images, table = torch.zeros(1, 8, 8, 3, dtype=torch.uint8), torch.zeros(256)
-    with pytest.raises(ValueError, match="images must be"):
-        op(images[..., :2], table, 8, 8, 8, 8, 0, 0)
-    with pytest.raises(TypeError, match="images must be uint8"):
-        op(images.float(), table, 8, 8, 8, 8, 0, 0)
-    with pytest.raises(ValueError, match="value_table must hold 256"):
-        op(images, table[:10], 8, 8, 8, 8, 0, 0)
-    with pytest.raises(TypeError, match="value_table must be"):
-        op(images, table.long(), 8, 8, 8, 8, 0, 0)
-    with pytest.raises(ValueError, match="resized size must be positive"):
-        op(images, table, 0, 8, 8, 8, 0, 0)
-    with pytest.raises(ValueError, match="pad_top and pad_left"):
-        op(images, table, 8, 8, 8, 8, -1, 0)
-    with pytest.raises(ValueError, match="does not fit"):
-        op(images, table, 8, 8, 8, 8, 1, 0)
-    with pytest.raises(ValueError, match="at least 1x1"):
-        op(torch.zeros(1, 0, 8, 3, dtype=torch.uint8), table, 8, 8, 8, 8, 0, 0)
+    images, params, table, out = valid_op_arguments()
+    op(images, params, table, out)
+    for arguments, error, message in [
+        ((images.view(2, -1), params, table, out), ValueError, "images must be 1-D"),
+        ((images.float(), params, table, out), TypeError, "images must be uint8"),
+        ((images, params[:, :6], table, out), ValueError, r"image_params must be \(B, 7\)"),
+        ((images, params.int(), table, out), TypeError, "image_params must be int64"),
+        ((images, params, table[:10], out), ValueError, "value_table must hold 256"),
+        ((images, params, table.long(), out), TypeError, "value_table must be"),
+        ((images, params, table, out[:1]), ValueError, r"out must be \(B, 3, height, width\) with B = 2"),
+        ((images, params, table, out.half()), TypeError, "out must have value_table's dtype"),
+        ((images, params, table, out.transpose(2, 3)), ValueError, "out must be contiguous"),
+        ((images, with_param(params, 1, 1, 0), table, out), ValueError, "row 1: the image must be at least 1x1"),
+        ((images, with_param(params, 1, 0, -1), table, out), ValueError, "row 1: .* does not lie inside images"),
+        ((images, with_param(params, 1, 0, 193), table, out), ValueError, "does not lie inside images"),
+        ((images, with_param(params, 0, 1, 2**62), table, out), ValueError, "does not lie inside images"),
+        ((images, with_param(params, 0, 2, 2**62), table, out), ValueError, "does not lie inside images"),
+        ((images, with_param(params, 0, 3, 0), table, out), ValueError, "resized size must be positive"),
+        ((images, with_param(params, 0, 6, -1), table, out), ValueError, "pad_top and pad_left must be >= 0"),
+        ((images, with_param(params, 0, 5, 1), table, out), ValueError, "does not fit the canvas"),
+        ((images, with_param(params, 0, 4, 2**62), table, out), ValueError, "does not fit the canvas"),
+    ]:
+        with pytest.raises(error, match=message):
+            op(*arguments)
 
 
 def test_empty_batch_and_opcheck(generator):
+    op = torch.ops.yolo_fastdetect.letterbox
     table = torch.arange(256, dtype=torch.float32)
-    arguments = (20, 28, 32, 32, 6, 2)  # resized 20x28 at (6, 2) on a 32x32 canvas
-    empty = torch.ops.yolo_fastdetect.letterbox(torch.zeros(0, 5, 7, 3, dtype=torch.uint8), table, *arguments)
-    assert empty.shape == (0, 3, 32, 32)
-    images = torch.randint(0, 256, (2, 5, 7, 3), dtype=torch.uint8, generator=generator)
-    torch.library.opcheck(torch.ops.yolo_fastdetect.letterbox.default, (images, table, *arguments))
+    empty = torch.empty(0, 3, 32, 32)
+    op(torch.zeros(0, dtype=torch.uint8), torch.zeros(0, 7, dtype=torch.int64), table, empty)
+    images = random_images(generator, 2, 5, 7) + random_images(generator, 1, 9, 3)
+    geometries = [letterbox_geometry(image.shape, 32) for image in images]
+    packed, params = op_inputs(images, geometries)
+    torch.library.opcheck(op.default, (packed, params, table, torch.empty(3, 3, 32, 32)))
 
 
 def random_boxes(generator, geometries, count, device):
@@ -238,14 +329,20 @@ def test_scale_boxes_batch_bad_inputs():
 @pytest.mark.cuda
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)).replace(" ", ""))
 def test_cuda_matches_cpu_bytes(generator, case):
-    """The resized bytes: the CUDA kernel against the CPU kernel, through an identity value table."""
+    """The resized bytes: the CUDA kernel against the CPU kernel, through an identity value table, for a batch of
+    the case's size, a smaller and a larger image, on the case's canvas."""
     height, width, new_shape, auto, scaleup, center, stride = case
-    images = torch.from_numpy(np.stack(random_images(generator, 3, height, width)))
-    geometry = letterbox_geometry((height, width), new_shape, auto, scaleup, center, stride)
-    arguments = (*geometry.resized_shape, *geometry.shape, geometry.pad_top, geometry.pad_left)
+    images = random_images(generator, 2, height, width)
+    geometries = [letterbox_geometry(image.shape, new_shape, auto, scaleup, center, stride) for image in images]
+    if not auto:  # with auto the canvas depends on the size
+        images += random_images(generator, 1, 7, 9) + random_images(generator, 1, 2 * height, width + 3)
+        geometries += [letterbox_geometry(image.shape, new_shape, False, scaleup, center) for image in images[2:]]
+    packed, params = op_inputs(images, geometries)
     table = torch.arange(256, dtype=torch.float32)
-    on_cpu = torch.ops.yolo_fastdetect.letterbox(images, table, *arguments)
-    on_gpu = torch.ops.yolo_fastdetect.letterbox(images.cuda(), table.cuda(), *arguments)
+    on_cpu = torch.empty(len(images), 3, *geometries[0].shape)
+    torch.ops.yolo_fastdetect.letterbox(packed, params, table, on_cpu)
+    on_gpu = torch.full_like(on_cpu, -1.0, device="cuda")
+    torch.ops.yolo_fastdetect.letterbox(packed.cuda(), params, table.cuda(), on_gpu)
     assert torch.equal(on_gpu.cpu(), on_cpu)
 
 
@@ -253,10 +350,26 @@ def test_cuda_matches_cpu_bytes(generator, case):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_cuda_matches_stock_cuda_preprocess(generator, dtype):
     """numpy images uploaded and letterboxed on the GPU against stock preprocess on the GPU (whose division runs
-    there), for the wheel's images and random sizes."""
+    there), for the wheel's images and random sizes; also as GPU tensors, one by one and as one batch."""
     batches = [asset_arrays(), random_images(generator, 4, 1037, 1999), random_images(generator, 2, 3, 5)]
     for images in batches:
         expected = stock_input(images, dtype=dtype, device="cuda")
         ours, _ = letterbox(images, 640, dtype=dtype, device="cuda")
         assert torch.equal(ours, expected)
         assert torch.equal(letterbox([torch.from_numpy(i).cuda() for i in images], 640, dtype=dtype)[0], expected)
+        if len({image.shape for image in images}) == 1:
+            batch = torch.from_numpy(np.stack(images)).cuda()
+            assert torch.equal(letterbox(batch, 640, dtype=dtype)[0], expected)
+
+
+@pytest.mark.cuda
+def test_cuda_op_argument_errors():
+    """The CUDA launcher checks as the CPU one does; the parameter table stays on the host."""
+    images, params, table, out = (tensor.cuda() for tensor in valid_op_arguments())
+    op = torch.ops.yolo_fastdetect.letterbox
+    with pytest.raises(RuntimeError, match="image_params must be a CPU tensor"):
+        op(images, params, table, out)
+    with pytest.raises(ValueError, match="does not lie inside images"):
+        op(images, with_param(params.cpu(), 1, 0, 193), table, out)
+    with pytest.raises(RuntimeError, match="must be on one device"):
+        op(images, params.cpu(), table.cpu(), out)

@@ -1,10 +1,11 @@
 // Letterbox preprocessing: per-pixel math shared by the CPU and CUDA kernels.
 //
-// A batch of uint8 (B, H, W, 3) BGR images of one size is resized to (resized_height, resized_width) with
-// cv::resize's INTER_LINEAR arithmetic on 8-bit data, placed at (pad_top, pad_left) on an (out_height, out_width)
-// canvas of 114, and written as (B, 3, out_height, out_width) RGB through a 256-entry value table (the model
-// dtype's value of u / 255 for every byte u, computed by torch on the target device, so the result equals
-// stock Ultralytics' `.half()/.float()` followed by `.div_(255)` bit for bit).
+// A batch of uint8 BGR images of any sizes, packed back to back in one flat buffer (each (H, W, 3) row-major), is
+// described by a per-image parameter table (ImageParams). Each image is resized to its (resized_height,
+// resized_width) with cv::resize's INTER_LINEAR arithmetic on 8-bit data, placed at its (pad_top, pad_left) on the
+// batch's common (out_height, out_width) canvas of 114, and written as (B, 3, out_height, out_width) RGB through a
+// 256-entry value table (the model dtype's value of u / 255 for every byte u, computed by torch on the target
+// device, so the result equals stock Ultralytics' `.half()/.float()` followed by `.div_(255)` bit for bit).
 //
 // cv::resize (INTER_LINEAR, 8-bit, OpenCV 4.x/5.x generic path, checked against the cv2 that Ultralytics
 // installs on every size the tests draw):
@@ -40,15 +41,55 @@ struct Tap {
   int32_t weight_low, weight_high;
 };
 
-// Geometry of one call: every image of the batch has the same input size and placement.
-struct LetterboxShape {
-  int64_t batch;
+// Columns of the (B, kParamCount) int64 image_params table: where image b lies in the packed buffer and where
+// it lands on the canvas.
+enum ImageParam : int {
+  kOffset = 0,     // byte offset of the image in the packed buffer
+  kInHeight,       // original size
+  kInWidth,
+  kResizedHeight,  // size after the resize (LetterBox's new_unpad, reversed)
+  kResizedWidth,
+  kPadTop,         // placement of the resized image on the canvas
+  kPadLeft,
+  kParamCount
+};
+
+// One image of the batch, read from its row of image_params.
+struct ImageParams {
+  int64_t offset;
   int64_t in_height, in_width;
   int64_t resized_height, resized_width;
-  int64_t out_height, out_width;
   int64_t pad_top, pad_left;
-  double scale_y, scale_x;  // source pixels per resized pixel: 1 / (resized / input), as cv::resize computes it
 };
+
+// Geometry of one call: the batch size and the canvas that every image shares.
+struct LetterboxShape {
+  int64_t batch;
+  int64_t out_height, out_width;
+};
+
+YFD_HOST_DEVICE ImageParams image_params_at(const int64_t* table, int64_t image) {
+  const int64_t* row = table + image * kParamCount;
+  ImageParams params;
+  params.offset = row[kOffset];
+  params.in_height = row[kInHeight];
+  params.in_width = row[kInWidth];
+  params.resized_height = row[kResizedHeight];
+  params.resized_width = row[kResizedWidth];
+  params.pad_top = row[kPadTop];
+  params.pad_left = row[kPadLeft];
+  return params;
+}
+
+// Source pixels per resized pixel along one axis, as cv::resize computes it: the inverse of the double ratio
+// resized / input (IEEE division on both devices, so both get the same double).
+YFD_HOST_DEVICE double resize_scale(int64_t src_size, int64_t resized_size) {
+#if defined(__CUDA_ARCH__)
+  return __ddiv_rn(1.0, __ddiv_rn(static_cast<double>(resized_size), static_cast<double>(src_size)));
+#else
+  return 1.0 / (static_cast<double>(resized_size) / static_cast<double>(src_size));
+#endif
+}
 
 YFD_HOST_DEVICE int32_t round_half_even(float x) {
 #if defined(__CUDA_ARCH__)
@@ -107,11 +148,11 @@ YFD_HOST_DEVICE void resized_pixel(const uint8_t* image, int64_t row_stride, con
     bgr[channel] = vertical(horizontal(row0, x, channel), horizontal(row1, x, channel), y);
 }
 
-// Validates the operator's arguments (raising errors that name the argument) and describes the call.
-// Defined in letterbox_cpu.cpp, used by both launchers.
-LetterboxShape check_letterbox_args(const at::Tensor& images, const at::Tensor& value_table, int64_t resized_height,
-                                    int64_t resized_width, int64_t out_height, int64_t out_width, int64_t pad_top,
-                                    int64_t pad_left);
+// Validates the operator's arguments (raising errors that name the argument), including that every image's bytes
+// lie inside `images` and that its resized image fits the canvas, so the kernels never read or write out of
+// bounds. Defined in letterbox_cpu.cpp, used by both launchers.
+LetterboxShape check_letterbox_args(const at::Tensor& images, const at::Tensor& image_params,
+                                    const at::Tensor& value_table, const at::Tensor& out);
 
 }  // namespace letterbox
 }  // namespace yolo_fastdetect

@@ -1,13 +1,15 @@
 // Letterbox preprocessing on the CPU, and the argument checks shared with the CUDA launcher.
 //
-// Rows of the output canvas run in parallel; the taps of every resized column and row are computed once per call.
+// Rows of the output canvas run in parallel; the taps of every image's resized columns and rows are computed once
+// per call.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
+#include <ATen/MemoryOverlap.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "letterbox.h"
@@ -15,105 +17,159 @@
 namespace yolo_fastdetect {
 namespace letterbox {
 
-LetterboxShape check_letterbox_args(const at::Tensor& images, const at::Tensor& value_table, int64_t resized_height,
-                                    int64_t resized_width, int64_t out_height, int64_t out_width, int64_t pad_top,
-                                    int64_t pad_left) {
-  TORCH_CHECK_VALUE(images.dim() == 4 && images.size(3) == kChannels,
-                    "letterbox: images must be (B, H, W, 3) BGR, got shape ", text(images.sizes()));
-  TORCH_CHECK_TYPE(images.scalar_type() == at::kByte, "letterbox: images must be uint8, got ", images.scalar_type());
-  TORCH_CHECK_VALUE(images.size(1) > 0 && images.size(2) > 0, "letterbox: images must be at least 1x1, got ",
-                    text(images.size(1)), "x", text(images.size(2)));
+// Error messages format numbers with std::to_string and never stream them (c10::str): iostream number formatting
+// has crashed inside the operator on the GPU machine.
+namespace {
+
+std::string dtype_name(const at::Tensor& tensor) { return c10::toString(tensor.scalar_type()); }
+
+// "(2, 3)": a shape formatted with std::to_string.
+std::string shape_string(const at::Tensor& tensor) {
+  std::string text = "(";
+  for (int64_t dim = 0; dim < tensor.dim(); ++dim) text += (dim ? ", " : "") + std::to_string(tensor.size(dim));
+  return text + ")";
+}
+
+// Checks one row of image_params against the packed buffer of `packed_size` bytes and the canvas.
+void check_image(const ImageParams& image, int64_t index, int64_t packed_size, const LetterboxShape& shape) {
+  const std::string where = "letterbox: image_params row " + std::to_string(index) + ": ";
+  TORCH_CHECK_VALUE(image.in_height > 0 && image.in_width > 0,
+                    where + "the image must be at least 1x1, got " + std::to_string(image.in_height) + "x" +
+                        std::to_string(image.in_width));
+  // Written so that nothing overflows: offset, height and width are each bounded before they are multiplied.
+  const int64_t available = image.offset >= 0 && image.offset <= packed_size ? packed_size - image.offset : -1;
+  TORCH_CHECK_VALUE(available >= 0 && image.in_width <= available / kChannels &&
+                        image.in_height <= available / (image.in_width * kChannels),
+                    where + "the " + std::to_string(image.in_height) + "x" + std::to_string(image.in_width) +
+                        " image at byte offset " + std::to_string(image.offset) + " does not lie inside images (" +
+                        std::to_string(packed_size) + " bytes)");
+  TORCH_CHECK_VALUE(image.resized_height > 0 && image.resized_width > 0,
+                    where + "the resized size must be positive, got " + std::to_string(image.resized_height) + "x" +
+                        std::to_string(image.resized_width));
+  TORCH_CHECK_VALUE(image.pad_top >= 0 && image.pad_left >= 0,
+                    where + "pad_top and pad_left must be >= 0, got " + std::to_string(image.pad_top) + ", " +
+                        std::to_string(image.pad_left));
+  TORCH_CHECK_VALUE(image.resized_height <= shape.out_height - image.pad_top &&
+                        image.resized_width <= shape.out_width - image.pad_left,
+                    where + "the resized image (" + std::to_string(image.resized_height) + "x" +
+                        std::to_string(image.resized_width) + " at top " + std::to_string(image.pad_top) + ", left " +
+                        std::to_string(image.pad_left) + ") does not fit the canvas of out (" +
+                        std::to_string(shape.out_height) + "x" + std::to_string(shape.out_width) + ")");
+}
+
+}  // namespace
+
+LetterboxShape check_letterbox_args(const at::Tensor& images, const at::Tensor& image_params,
+                                    const at::Tensor& value_table, const at::Tensor& out) {
+  TORCH_CHECK_VALUE(images.dim() == 1, "letterbox: images must be 1-D (the images packed back to back), got shape " +
+                                           shape_string(images));
+  TORCH_CHECK_TYPE(images.scalar_type() == at::kByte, "letterbox: images must be uint8, got " + dtype_name(images));
+  TORCH_CHECK_VALUE(image_params.dim() == 2 && image_params.size(1) == kParamCount,
+                    "letterbox: image_params must be (B, " + std::to_string(kParamCount) + "), got shape " +
+                        shape_string(image_params));
+  TORCH_CHECK_TYPE(image_params.scalar_type() == at::kLong,
+                   "letterbox: image_params must be int64, got " + dtype_name(image_params));
+  TORCH_CHECK(image_params.is_cpu(),
+              "letterbox: image_params must be a CPU tensor (it is checked on the host), got one on " +
+                  image_params.device().str());
   TORCH_CHECK_VALUE(value_table.dim() == 1 && value_table.size(0) == 256,
-                    "letterbox: value_table must hold 256 values (one per byte), got shape ",
-                    text(value_table.sizes()));
+                    "letterbox: value_table must hold 256 values (one per byte), got shape " +
+                        shape_string(value_table));
   const at::ScalarType dtype = value_table.scalar_type();
   TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
-                   "letterbox: value_table must be float32, float16 or bfloat16, got ", dtype);
-  TORCH_CHECK(value_table.device() == images.device(), "letterbox: value_table is on ", value_table.device(),
-              " but images is on ", images.device());
-  TORCH_CHECK_VALUE(resized_height > 0 && resized_width > 0, "letterbox: resized size must be positive, got ",
-                    text(resized_height), "x", text(resized_width));
-  TORCH_CHECK_VALUE(pad_top >= 0 && pad_left >= 0, "letterbox: pad_top and pad_left must be >= 0, got ",
-                    text(pad_top), ", ", text(pad_left));
-  TORCH_CHECK_VALUE(pad_top + resized_height <= out_height && pad_left + resized_width <= out_width,
-                    "letterbox: the resized image (", text(resized_height), "x", text(resized_width), " at top ",
-                    text(pad_top), ", left ", text(pad_left), ") does not fit the output size ", text(out_height), "x",
-                    text(out_width));
+                   "letterbox: value_table must be float32, float16 or bfloat16, got " + dtype_name(value_table));
+  TORCH_CHECK_VALUE(out.dim() == 4 && out.size(0) == image_params.size(0) && out.size(1) == kChannels,
+                    "letterbox: out must be (B, 3, height, width) with B = " + std::to_string(image_params.size(0)) +
+                        " (the rows of image_params), got shape " + shape_string(out));
+  TORCH_CHECK_TYPE(out.scalar_type() == dtype,
+                   "letterbox: out must have value_table's dtype " + dtype_name(value_table) + ", got " +
+                       dtype_name(out));
+  TORCH_CHECK_VALUE(out.is_contiguous(), "letterbox: out must be contiguous");
+  TORCH_CHECK(value_table.device() == images.device() && out.device() == images.device(),
+              "letterbox: images, value_table and out must be on one device, got " + images.device().str() + ", " +
+                  value_table.device().str() + " and " + out.device().str());
+  at::assert_no_overlap(out, images);
 
   LetterboxShape shape;
-  shape.batch = images.size(0);
-  shape.in_height = images.size(1);
-  shape.in_width = images.size(2);
-  shape.resized_height = resized_height;
-  shape.resized_width = resized_width;
-  shape.out_height = out_height;
-  shape.out_width = out_width;
-  shape.pad_top = pad_top;
-  shape.pad_left = pad_left;
-  // As cv::resize: the inverse of the double ratio resized / input.
-  shape.scale_y = 1.0 / (static_cast<double>(resized_height) / static_cast<double>(shape.in_height));
-  shape.scale_x = 1.0 / (static_cast<double>(resized_width) / static_cast<double>(shape.in_width));
+  shape.batch = out.size(0);
+  shape.out_height = out.size(2);
+  shape.out_width = out.size(3);
+  const at::Tensor params = image_params.contiguous();
+  const int64_t* table = params.const_data_ptr<int64_t>();
+  for (int64_t index = 0; index < shape.batch; ++index)
+    check_image(image_params_at(table, index), index, images.numel(), shape);
   return shape;
 }
 
 namespace {
 
+// The column and row taps of one image, computed once per call.
+struct ImageTaps {
+  std::vector<Tap> columns, rows;
+};
+
 // One task per output row of one image: the three planes of that row, padding included.
 template <typename scalar_t>
-void letterbox_cpu_kernel(const uint8_t* images, const scalar_t* value_table, scalar_t* out,
-                          const LetterboxShape& shape) {
-  std::vector<Tap> column_taps(shape.resized_width), row_taps(shape.resized_height);
-  for (int64_t x = 0; x < shape.resized_width; ++x)
-    column_taps[x] = resize_tap(x, shape.in_width, shape.scale_x, /*clamp_weights=*/true);
-  for (int64_t y = 0; y < shape.resized_height; ++y)
-    row_taps[y] = resize_tap(y, shape.in_height, shape.scale_y, /*clamp_weights=*/false);
+void letterbox_cpu_kernel(const uint8_t* images, const int64_t* image_params, const scalar_t* value_table,
+                          scalar_t* out, const LetterboxShape& shape) {
+  std::vector<ImageTaps> taps(shape.batch);
+  at::parallel_for(0, shape.batch, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t index = begin; index < end; ++index) {
+      const ImageParams image = image_params_at(image_params, index);
+      const double scale_x = resize_scale(image.in_width, image.resized_width);
+      const double scale_y = resize_scale(image.in_height, image.resized_height);
+      taps[index].columns.resize(image.resized_width);
+      taps[index].rows.resize(image.resized_height);
+      for (int64_t x = 0; x < image.resized_width; ++x)
+        taps[index].columns[x] = resize_tap(x, image.in_width, scale_x, /*clamp_weights=*/true);
+      for (int64_t y = 0; y < image.resized_height; ++y)
+        taps[index].rows[y] = resize_tap(y, image.in_height, scale_y, /*clamp_weights=*/false);
+    }
+  });
 
-  const int64_t row_stride = shape.in_width * kChannels;
-  const int64_t image_size = shape.in_height * row_stride;
   const int64_t plane_size = shape.out_height * shape.out_width;
   const scalar_t padding = value_table[kPaddingValue];
   at::parallel_for(0, shape.batch * shape.out_height, 16, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
       const int64_t batch = task / shape.out_height, out_y = task % shape.out_height;
+      const ImageParams image = image_params_at(image_params, batch);
       scalar_t* planes[kChannels];  // R, G, B rows of this output row
       for (int channel = 0; channel < kChannels; ++channel)
         planes[channel] = out + (batch * kChannels + channel) * plane_size + out_y * shape.out_width;
-      const int64_t y = out_y - shape.pad_top;
-      if (y < 0 || y >= shape.resized_height) {
+      const int64_t y = out_y - image.pad_top;
+      if (y < 0 || y >= image.resized_height) {
         for (int channel = 0; channel < kChannels; ++channel)
           std::fill(planes[channel], planes[channel] + shape.out_width, padding);
         continue;
       }
-      const int64_t right = shape.pad_left + shape.resized_width;
+      const int64_t right = image.pad_left + image.resized_width;
       for (int channel = 0; channel < kChannels; ++channel) {
-        std::fill(planes[channel], planes[channel] + shape.pad_left, padding);
+        std::fill(planes[channel], planes[channel] + image.pad_left, padding);
         std::fill(planes[channel] + right, planes[channel] + shape.out_width, padding);
       }
-      const uint8_t* image = images + batch * image_size;
-      const Tap& row_tap = row_taps[y];
-      for (int64_t x = 0; x < shape.resized_width; ++x) {
+      const int64_t row_stride = image.in_width * kChannels;
+      const Tap& row_tap = taps[batch].rows[y];
+      const std::vector<Tap>& column_taps = taps[batch].columns;
+      for (int64_t x = 0; x < image.resized_width; ++x) {
         uint8_t bgr[kChannels];
-        resized_pixel(image, row_stride, row_tap, column_taps[x], bgr);
+        resized_pixel(images + image.offset, row_stride, row_tap, column_taps[x], bgr);
         for (int channel = 0; channel < kChannels; ++channel)
-          planes[channel][shape.pad_left + x] = value_table[bgr[kChannels - 1 - channel]];
+          planes[channel][image.pad_left + x] = value_table[bgr[kChannels - 1 - channel]];
       }
     }
   });
 }
 
-at::Tensor letterbox_cpu(const at::Tensor& images, const at::Tensor& value_table, int64_t resized_height,
-                         int64_t resized_width, int64_t out_height, int64_t out_width, int64_t pad_top,
-                         int64_t pad_left) {
-  const LetterboxShape shape = check_letterbox_args(images, value_table, resized_height, resized_width, out_height,
-                                                    out_width, pad_top, pad_left);
-  at::Tensor out = at::empty({shape.batch, kChannels, out_height, out_width}, value_table.options());
-  if (out.numel() == 0) return out;
-  const at::Tensor images_dense = images.contiguous(), table_dense = value_table.contiguous();
+void letterbox_cpu(const at::Tensor& images, const at::Tensor& image_params, const at::Tensor& value_table,
+                   const at::Tensor& out) {
+  const LetterboxShape shape = check_letterbox_args(images, image_params, value_table, out);
+  if (out.numel() == 0) return;
+  const at::Tensor images_dense = images.contiguous(), params_dense = image_params.contiguous(),
+                   table_dense = value_table.contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, value_table.scalar_type(), "letterbox_cpu", [&] {
-    letterbox_cpu_kernel<scalar_t>(images_dense.const_data_ptr<uint8_t>(), table_dense.const_data_ptr<scalar_t>(),
-                                   out.mutable_data_ptr<scalar_t>(), shape);
+    letterbox_cpu_kernel<scalar_t>(images_dense.const_data_ptr<uint8_t>(), params_dense.const_data_ptr<int64_t>(),
+                                   table_dense.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), shape);
   });
-  return out;
 }
 
 }  // namespace

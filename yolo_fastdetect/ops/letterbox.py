@@ -3,14 +3,18 @@
 Stock Ultralytics letterboxes each image on the CPU (``LetterBox``: ``cv2.resize`` INTER_LINEAR, then
 ``cv2.copyMakeBorder`` with 114), stacks them, uploads the uint8 batch and converts it on the device (BGR -> RGB,
 HWC -> CHW, ``.half()``/``.float()``, ``/ 255``). :func:`letterbox` uploads the original images once and does all of
-it in one kernel, with cv2's 8-bit fixed-point arithmetic, so the model input is bit-identical to stock's.
+it in one kernel launch per batch (images of any sizes), with cv2's 8-bit fixed-point arithmetic, so the model input
+is bit-identical to stock's.
 :func:`scale_boxes_batch` maps detections back to the original images, as ``ultralytics.utils.ops.scale_boxes``.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
+from itertools import accumulate
 
 import numpy as np
 import torch
@@ -147,16 +151,118 @@ def _value_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return _value_tables[key]
 
 
-def _upload(group: list[np.ndarray | torch.Tensor], device: torch.device) -> torch.Tensor:
-    """One (B, H, W, 3) uint8 tensor on ``device`` from images of one size: numpy images are stacked once into
-    pinned memory and copied without blocking when the device is a GPU."""
-    if isinstance(group[0], torch.Tensor):
-        return torch.stack([image.to(device, non_blocking=True) for image in group])
-    if device.type != "cuda":
-        return torch.from_numpy(np.stack(group))
-    staging = torch.empty((len(group), *group[0].shape), dtype=torch.uint8, pin_memory=True)
-    np.stack(group, out=staging.numpy())
-    return staging.to(device, non_blocking=True)
+# Host staging: numpy images are copied into one pinned buffer by a few threads (numpy's copy releases the GIL), in
+# pieces of about _PIECE_BYTES, and each piece is sent to the GPU as soon as it is filled, so the host copies and the
+# PCIe transfer overlap. A piece is large enough that its copy call costs little, small enough that the transfer
+# starts early and the threads share the work evenly.
+_PIECE_BYTES = 4 << 20
+_STAGING_THREADS = min(8, os.cpu_count() or 1)
+_staging_pool: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    """The staging threads, started on first use."""
+    global _staging_pool
+    if _staging_pool is None:
+        _staging_pool = ThreadPoolExecutor(_STAGING_THREADS, thread_name_prefix="yolo_fastdetect_letterbox")
+    return _staging_pool
+
+
+def _pieces(arrays: Sequence[np.ndarray], offsets: Sequence[int]) -> list[list[tuple[np.ndarray, int]]]:
+    """The packed buffer cut into consecutive pieces of about ``_PIECE_BYTES``: each a list of (rows of one image,
+    their byte offset). Small images share a piece; a large one is cut by rows (any strides, e.g. a BGRA view)."""
+    pieces, piece, piece_bytes = [], [], 0
+    for array, offset in zip(arrays, offsets):
+        row_bytes = array.shape[1] * 3
+        rows_per_piece = max(1, _PIECE_BYTES // row_bytes)
+        for row in range(0, array.shape[0], rows_per_piece):
+            rows = array[row : row + rows_per_piece]
+            piece.append((rows, offset + row * row_bytes))
+            piece_bytes += rows.nbytes
+            if piece_bytes >= _PIECE_BYTES:
+                pieces.append(piece)
+                piece, piece_bytes = [], 0
+    if piece:
+        pieces.append(piece)
+    return pieces
+
+
+def _fill(buffer: np.ndarray, piece: list[tuple[np.ndarray, int]]) -> tuple[int, int]:
+    """Copy one piece into ``buffer``; returns the byte range it filled."""
+    for rows, offset in piece:
+        np.copyto(buffer[offset : offset + rows.nbytes].reshape(rows.shape), rows)
+    last_rows, last_offset = piece[-1]
+    return piece[0][1], last_offset + last_rows.nbytes
+
+
+def _stage(arrays: Sequence[np.ndarray], offsets: Sequence[int], total: int, device: torch.device) -> torch.Tensor:
+    """The numpy images packed at ``offsets`` in one flat uint8 tensor on ``device``: filled in threads, through
+    pinned memory and a non-blocking copy per piece when the device is a GPU."""
+    to_gpu = device.type == "cuda"
+    # torch's caching host allocator reuses the pinned block only once the copies that read it have completed.
+    staging = torch.empty(total, dtype=torch.uint8, pin_memory=to_gpu)
+    packed = torch.empty(total, dtype=torch.uint8, device=device) if to_gpu else staging
+    buffer = staging.numpy()
+    futures = [_pool().submit(_fill, buffer, piece) for piece in _pieces(arrays, offsets)]
+    for future in as_completed(futures):
+        start, end = future.result()
+        if to_gpu:
+            packed[start:end].copy_(staging[start:end], non_blocking=True)
+    return packed
+
+
+def _pack(
+    images: np.ndarray | torch.Tensor | Sequence, image_list: Sequence[np.ndarray | torch.Tensor], offsets: Sequence[int], total: int,
+    device: torch.device,
+) -> torch.Tensor:
+    """All images back to back, each (H, W, 3) row-major, in one flat uint8 tensor on ``device``. ``images`` is
+    the caller's argument, ``image_list`` the checked images."""
+    if isinstance(images, torch.Tensor) and images.device == device and images.is_contiguous():
+        return images.reshape(-1)  # one (B, H, W, 3) batch, or one image, already in place
+    if all(isinstance(image, torch.Tensor) and image.device.type != "cpu" for image in image_list):
+        return torch.cat([image.to(device).reshape(-1) for image in image_list])  # already on a GPU: pack there
+    arrays = [image if isinstance(image, np.ndarray) else image.cpu().numpy() for image in image_list]
+    return _stage(arrays, offsets, total, device)
+
+
+def _image_params(geometries: Sequence[LetterboxGeometry], offsets: Sequence[int], pin: bool) -> torch.Tensor:
+    """The operator's (B, 7) int64 table: per image its byte offset, size, resized size and padding."""
+    rows = [
+        (offset, *geometry.orig_shape, *geometry.resized_shape, geometry.pad_top, geometry.pad_left)
+        for geometry, offset in zip(geometries, offsets)
+    ]
+    params = torch.tensor(rows, dtype=torch.int64)
+    return params.pin_memory() if pin else params  # pinned: the launcher's upload does not block the host
+
+
+def _target_device(
+    image_list: Sequence[np.ndarray | torch.Tensor], device: torch.device | str | None, out: torch.Tensor | None
+) -> torch.device:
+    """``device``, else ``out``'s, else the first tensor's, else CUDA when available; a GPU with its index."""
+    if device is None:
+        first = image_list[0]
+        if out is not None:
+            device = out.device
+        elif isinstance(first, torch.Tensor):
+            device = first.device
+        else:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _check_out(out: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+    """Raise ValueError unless ``out`` can take the result as it is."""
+    if not isinstance(out, torch.Tensor):
+        raise ValueError(f"letterbox: out must be a torch.Tensor, got {type(out).__name__}")
+    if tuple(out.shape) != shape or out.dtype != dtype or out.device != device or not out.is_contiguous():
+        layout = "" if out.is_contiguous() else " not contiguous"
+        raise ValueError(
+            f"letterbox: out must be a contiguous {shape} {dtype} tensor on {device}, got {tuple(out.shape)} "
+            f"{out.dtype} on {out.device}{layout}"
+        )
 
 
 def letterbox(
@@ -168,10 +274,12 @@ def letterbox(
     stride: int = 32,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, list[LetterboxGeometry]]:
     """The model input tensor of a batch of BGR images, as stock ``LetterBox`` + ``BasePredictor.preprocess``.
 
-    Images of one size take one kernel launch; a batch of several sizes takes one per size.
+    One kernel launch per batch, whatever the sizes of its images. Numpy images are uploaded once (packed into
+    pinned memory by several threads, the transfer overlapping the packing); tensors already on the GPU stay there.
 
     Args:
         images: uint8 BGR images ``(H, W, C)``: numpy arrays (grayscale, gray + alpha and BGRA are converted as
@@ -184,45 +292,34 @@ def letterbox(
         center (bool): Centre the image on the canvas (else top-left).
         stride (int): Model stride, for ``auto``.
         dtype (torch.dtype): float32 (stock without ``half``), float16 (``half=True``) or bfloat16.
-        device: Where to build the input; defaults to the tensors' device, or CUDA when available for numpy images.
+        device: Where to build the input; defaults to ``out``'s device, else the tensors' device, else CUDA when
+            available.
+        out (torch.Tensor | None): A contiguous ``(B, 3, height, width)`` tensor of ``dtype`` on ``device`` to write
+            the result into (e.g. a CUDA graph's static input); a new tensor when None.
 
     Returns:
-        (torch.Tensor, list[LetterboxGeometry]): ``(B, 3, height, width)`` RGB in ``[0, 1]`` and, per image, the
-        geometry that :func:`scale_boxes_batch` takes to map boxes back.
+        (torch.Tensor, list[LetterboxGeometry]): ``(B, 3, height, width)`` RGB in ``[0, 1]`` (``out`` when given)
+        and, per image, the geometry that :func:`scale_boxes_batch` takes to map boxes back.
     """
     image_list = _as_image_list(images)
-    if device is None:
-        first = image_list[0]
-        device = first.device if isinstance(first, torch.Tensor) else ("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
+    device = _target_device(image_list, device, out)
     require()
     geometries = [letterbox_geometry(image.shape, new_shape, auto, scaleup, center, stride) for image in image_list]
     canvas = geometries[0].shape
     if any(geometry.shape != canvas for geometry in geometries):
         raise ValueError("letterbox: with auto=True all images must have one size (their canvases differ)")
+    shape = (len(image_list), 3, *canvas)
+    if out is None:
+        out = torch.empty(shape, dtype=dtype, device=device)
+    else:
+        _check_out(out, shape, dtype, device)
 
-    groups: dict[tuple[int, int], list[int]] = {}  # image size -> indices of the images of that size
-    for index, geometry in enumerate(geometries):
-        groups.setdefault(geometry.orig_shape, []).append(index)
-    table = _value_table(dtype, device)
-    outputs = []
-    for indices in groups.values():
-        geometry = geometries[indices[0]]
-        if isinstance(images, torch.Tensor) and images.dim() == 4:  # already one batch: no unbind and re-stack
-            batch = images.to(device, non_blocking=True)
-        else:
-            batch = _upload([image_list[i] for i in indices], device)
-        outputs.append(
-            torch.ops.yolo_fastdetect.letterbox(
-                batch, table, *geometry.resized_shape, *geometry.shape, geometry.pad_top, geometry.pad_left
-            )
-        )
-    if len(outputs) == 1:
-        return outputs[0], geometries
-    model_input = torch.empty((len(image_list), 3, *canvas), dtype=dtype, device=device)
-    for indices, output in zip(groups.values(), outputs):
-        model_input[indices] = output
-    return model_input, geometries
+    sizes = [height * width * 3 for height, width in (geometry.orig_shape for geometry in geometries)]
+    offsets = [0, *accumulate(sizes[:-1])]
+    packed = _pack(images, image_list, offsets, sum(sizes), device)
+    params = _image_params(geometries, offsets, pin=device.type == "cuda")
+    torch.ops.yolo_fastdetect.letterbox(packed, params, _value_table(dtype, device), out)
+    return out, geometries
 
 
 def scale_boxes_batch(
@@ -265,9 +362,13 @@ def scale_boxes_batch(
 # Fake kernel -----------------------------------------------------------------------------------------------------
 
 
-def _letterbox_fake(images, value_table, resized_height, resized_width, out_height, out_width, pad_top, pad_left):
-    torch._check(images.dim() == 4 and images.shape[3] == 3, lambda: "images must be (B, H, W, 3)")
-    return value_table.new_empty((images.shape[0], 3, out_height, out_width))
+def _letterbox_fake(images, image_params, value_table, out):
+    torch._check(images.dim() == 1, lambda: "images must be 1-D (the images packed back to back)")
+    torch._check(image_params.dim() == 2 and image_params.shape[1] == 7, lambda: "image_params must be (B, 7)")
+    torch._check(
+        out.dim() == 4 and out.shape[0] == image_params.shape[0] and out.shape[1] == 3,
+        lambda: "out must be (B, 3, height, width)",
+    )
 
 
 @on_load
