@@ -150,6 +150,54 @@ __device__ __forceinline__ void atomic_add_packet(double* address, const double 
   for (int v = 0; v < V; ++v) atomicAdd(address + v, values[v]);
 }
 
+// The lanes of one group: the shuffle mask (groups are aligned, power-of-two runs of lanes inside a warp).
+__device__ __forceinline__ unsigned group_mask(int group_size) {
+  if (group_size == kWarpSize) return 0xffffffffu;
+  const int first_lane = (threadIdx.x % kWarpSize) / group_size * group_size;
+  return ((1u << group_size) - 1u) << first_lane;
+}
+
+// Taps of sample `sample` (= iy * grid_w + ix, the argmax numbering) of bin (ph, pw).
+template <typename acc_t>
+__device__ __forceinline__ PointTaps<acc_t> sample_taps(const RoiBins<acc_t>& bins, int64_t ph, int64_t pw,
+                                                        int sample, int64_t height, int64_t width, int64_t stride_h,
+                                                        int64_t stride_w) {
+  const int iy = sample / bins.grid_w, ix = sample - iy * bins.grid_w;
+  return point_taps(axis_taps(sample_coordinate(bins.start_y, bins.bin_height, ph, iy, bins.grid_h), height),
+                    axis_taps(sample_coordinate(bins.start_x, bins.bin_width, pw, ix, bins.grid_w), width), stride_h,
+                    stride_w);
+}
+
+// Lane `source_lane`'s taps, for every lane of the group.
+template <typename acc_t>
+__device__ __forceinline__ PointTaps<acc_t> shuffle_taps(const PointTaps<acc_t>& taps, int source_lane,
+                                                         unsigned mask, int group_size) {
+  PointTaps<acc_t> shared;
+  shared.valid = __shfl_sync(mask, static_cast<int>(taps.valid), source_lane, group_size) != 0;
+#pragma unroll
+  for (int tap = 0; tap < 4; ++tap) {
+    shared.offset[tap] = __shfl_sync(mask, static_cast<long long>(taps.offset[tap]), source_lane, group_size);
+    shared.weight[tap] = __shfl_sync(mask, taps.weight[tap], source_lane, group_size);
+  }
+  return shared;
+}
+
+// Calls visit(sample, taps) for every sample of bin (ph, pw) in order. The geometry is the same for every lane of a
+// group and costs more instructions than a lane's loads and FMAs, so lane l computes the taps of sample first + l
+// and the group reads them back one sample at a time. Every lane of the group must call this (it shuffles).
+template <typename acc_t, typename Visit>
+__device__ __forceinline__ void for_each_sample(const RoiBins<acc_t>& bins, int64_t ph, int64_t pw, int64_t height,
+                                                int64_t width, int64_t stride_h, int64_t stride_w, int lane,
+                                                int group_size, unsigned mask, Visit visit) {
+  const int num_samples = bins.grid_h * bins.grid_w;
+  for (int first = 0; first < num_samples; first += group_size) {
+    PointTaps<acc_t> mine = {false, {0, 0, 0, 0}, {acc_t(0), acc_t(0), acc_t(0), acc_t(0)}};
+    if (first + lane < num_samples) mine = sample_taps(bins, ph, pw, first + lane, height, width, stride_h, stride_w);
+    const int count = min(group_size, num_samples - first);
+    for (int j = 0; j < count; ++j) visit(first + j, shuffle_taps(mine, j, mask, group_size));
+  }
+}
+
 template <typename scalar_t, typename acc_t, int V, bool kMaxMode>
 __global__ void __launch_bounds__(kMaxThreads)
     roi_align_forward_kernel(const LevelTable<const scalar_t> levels, const acc_t* __restrict__ rois,
@@ -170,12 +218,15 @@ __global__ void __launch_bounds__(kMaxThreads)
 
   int level;
   int64_t batch_index;
-  if (roi_source(roi, roi_levels, work.roi, levels, level, batch_index) && lane_channel < channels) {
+  if (roi_source(roi, roi_levels, work.roi, levels, level, batch_index)) {  // block-uniform
     const RoiBins<acc_t> bins = roi_bins(roi, static_cast<acc_t>(levels.spatial_scale[level]), params);
     const acc_t count = static_cast<acc_t>(max(bins.grid_h * bins.grid_w, 1));
-    const scalar_t* lane_image =
-        levels.data[level] + batch_index * levels.stride_n[level] + lane_channel * levels.stride_c[level];
+    // Lanes past the last channel take part in the shuffles, reading channel 0 (in bounds); their rows of the tile
+    // are never written out.
+    const scalar_t* lane_image = levels.data[level] + batch_index * levels.stride_n[level] +
+                                 (lane_channel < channels ? lane_channel : 0) * levels.stride_c[level];
     const int64_t height = levels.height[level], width = levels.width[level];
+    const unsigned mask = group_mask(tiling.group_size);
     for (int b = group; b < work.num_bins; b += num_groups) {
       const int64_t bin = work.first_bin + b;
       const int64_t ph = bin / params.pooled_width, pw = bin - ph * params.pooled_width;
@@ -187,24 +238,19 @@ __global__ void __launch_bounds__(kMaxThreads)
         best[v] = -::cuda::std::numeric_limits<acc_t>::infinity();
         best_sample[v] = -1;
       }
-      for (int iy = 0; iy < bins.grid_h; ++iy) {
-        const AxisTaps<acc_t> y =
-            axis_taps(sample_coordinate(bins.start_y, bins.bin_height, ph, iy, bins.grid_h), height);
-        for (int ix = 0; ix < bins.grid_w; ++ix) {
-          const AxisTaps<acc_t> x =
-              axis_taps(sample_coordinate(bins.start_x, bins.bin_width, pw, ix, bins.grid_w), width);
-          interpolate_packet<V>(lane_image, point_taps(y, x, levels.stride_h[level], levels.stride_w[level]), value);
+      for_each_sample(bins, ph, pw, height, width, levels.stride_h[level], levels.stride_w[level], lane,
+                      tiling.group_size, mask, [&](int sample, const PointTaps<acc_t>& taps) {
+                        interpolate_packet<V>(lane_image, taps, value);
 #pragma unroll
-          for (int v = 0; v < V; ++v) {
-            if (!kMaxMode) {
-              sum[v] += value[v];
-            } else if (value[v] > best[v]) {
-              best[v] = value[v];
-              best_sample[v] = iy * bins.grid_w + ix;
-            }
-          }
-        }
-      }
+                        for (int v = 0; v < V; ++v) {
+                          if (!kMaxMode) {
+                            sum[v] += value[v];
+                          } else if (value[v] > best[v]) {
+                            best[v] = value[v];
+                            best_sample[v] = sample;
+                          }
+                        }
+                      });
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         const acc_t pooled = kMaxMode ? (best_sample[v] >= 0 ? best[v] : acc_t(0)) : sum[v] / count;
@@ -212,7 +258,7 @@ __global__ void __launch_bounds__(kMaxThreads)
         if (kMaxMode) lane_argmax[v * tiling.tile_stride + b] = best_sample[v];
       }
     }
-  } else {  // a RoI with a bad batch index or level pools zeros (and lanes past the last channel write nothing)
+  } else {  // a RoI with a bad batch index or level pools zeros
     for (int b = group; b < work.num_bins; b += num_groups) {
 #pragma unroll
       for (int v = 0; v < V; ++v) {
@@ -255,29 +301,28 @@ __global__ void __launch_bounds__(kMaxThreads)
   __syncthreads();
 
   const int64_t lane_channel = work.first_channel + int64_t{lane} * V;
-  if (lane_channel >= channels) return;  // no __syncthreads() below
+  // Lanes past the last channel take part in the shuffles but add nothing.
+  const bool lane_active = lane_channel < channels;
   const RoiBins<acc_t> bins = roi_bins(roi, static_cast<acc_t>(grads.spatial_scale[level]), params);
   const int num_samples = bins.grid_h * bins.grid_w;
   const acc_t count = static_cast<acc_t>(max(num_samples, 1));
-  acc_t* lane_image = grads.data[level] + batch_index * grads.stride_n[level] + lane_channel * grads.stride_c[level];
+  acc_t* lane_image = grads.data[level] + batch_index * grads.stride_n[level] +
+                      (lane_active ? lane_channel : 0) * grads.stride_c[level];
   const int64_t height = grads.height[level], width = grads.width[level];
   const int64_t stride_h = grads.stride_h[level], stride_w = grads.stride_w[level];
-  auto sample_taps = [&](int64_t ph, int64_t pw, int iy, int ix) {
-    return point_taps(axis_taps(sample_coordinate(bins.start_y, bins.bin_height, ph, iy, bins.grid_h), height),
-                      axis_taps(sample_coordinate(bins.start_x, bins.bin_width, pw, ix, bins.grid_w), width),
-                      stride_h, stride_w);
-  };
+  const unsigned mask = group_mask(tiling.group_size);
   const scalar_t* lane_gradients = gradient_tile + lane * V * tiling.tile_stride;
   const int32_t* lane_argmax = argmax_tile + lane * V * tiling.tile_stride;
   for (int b = group; b < work.num_bins; b += num_groups) {
     const int64_t bin = work.first_bin + b;
     const int64_t ph = bin / params.pooled_width, pw = bin - ph * params.pooled_width;
     if (kMaxMode) {  // each channel sends its gradient to its own best sample
+      if (!lane_active) continue;
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         const int32_t best_sample = lane_argmax[v * tiling.tile_stride + b];
         if (best_sample < 0 || best_sample >= num_samples) continue;
-        const PointTaps<acc_t> taps = sample_taps(ph, pw, best_sample / bins.grid_w, best_sample % bins.grid_w);
+        const PointTaps<acc_t> taps = sample_taps(bins, ph, pw, best_sample, height, width, stride_h, stride_w);
         if (!taps.valid) continue;
         const acc_t gradient = static_cast<acc_t>(lane_gradients[v * tiling.tile_stride + b]);
 #pragma unroll
@@ -288,18 +333,16 @@ __global__ void __launch_bounds__(kMaxThreads)
     acc_t share[V], contribution[V];
 #pragma unroll
     for (int v = 0; v < V; ++v) share[v] = static_cast<acc_t>(lane_gradients[v * tiling.tile_stride + b]) / count;
-    for (int iy = 0; iy < bins.grid_h; ++iy) {
-      for (int ix = 0; ix < bins.grid_w; ++ix) {
-        const PointTaps<acc_t> taps = sample_taps(ph, pw, iy, ix);
-        if (!taps.valid) continue;
+    for_each_sample(bins, ph, pw, height, width, stride_h, stride_w, lane, tiling.group_size, mask,
+                    [&](int, const PointTaps<acc_t>& taps) {
+                      if (!taps.valid || !lane_active) return;
 #pragma unroll
-        for (int tap = 0; tap < 4; ++tap) {
+                      for (int tap = 0; tap < 4; ++tap) {
 #pragma unroll
-          for (int v = 0; v < V; ++v) contribution[v] = taps.weight[tap] * share[v];
-          atomic_add_packet<V>(lane_image + taps.offset[tap], contribution);
-        }
-      }
-    }
+                        for (int v = 0; v < V; ++v) contribution[v] = taps.weight[tap] * share[v];
+                        atomic_add_packet<V>(lane_image + taps.offset[tap], contribution);
+                      }
+                    });
   }
 }
 
