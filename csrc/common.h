@@ -17,6 +17,29 @@
 
 namespace yolo_fastdetect {
 
+// a * b and a + b each rounded on their own. CUDA contracts a * b + c into one FMA by default and the CPU build
+// (-ffp-contract=off) does not; geometry that decides which pixels a kernel reads goes through these so that both
+// devices compute it bit for bit alike.
+template <typename T>
+YFD_HOST_DEVICE T mul_rounded(T a, T b) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(T) == sizeof(double)) return __dmul_rn(a, b);
+  else return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+template <typename T>
+YFD_HOST_DEVICE T add_rounded(T a, T b) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(T) == sizeof(double)) return __dadd_rn(a, b);
+  else return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
 // exp(x) in float. On the GPU: the CUDA math library. On the CPU: a branch-free Cephes-style polynomial
 // (within 2 ulp of expf for x in [-87, 88]) that the compiler vectorises across loop iterations, which
 // a call to libm's expf prevents.

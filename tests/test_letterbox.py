@@ -311,7 +311,9 @@ def test_scale_boxes_batch_matches_stock(generator, device, center, xywh):
         expected = stock_ops.scale_boxes(
             geometry.shape, boxes[index, :, :4].clone(), geometry.orig_shape, ratio_pad=ratio_pad, xywh=xywh
         )
-        torch.testing.assert_close(scaled[index, :, :4], expected, rtol=0, atol=1e-4)
+        # At most one float32 rounding apart (on CUDA, PyTorch's division by a scalar gain multiplies by its
+        # reciprocal): 2.4e-7 relative, 1.2e-4 px at 1000-2000 px.
+        torch.testing.assert_close(scaled[index, :, :4], expected, rtol=2.4e-7, atol=1e-4)
     assert torch.equal(scaled[..., 4:], boxes[..., 4:])
 
 

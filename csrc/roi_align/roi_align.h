@@ -65,15 +65,16 @@ YFD_HOST_DEVICE int adaptive_grid(double extent_per_bin) {
   return points > 0 ? (points < kMaxAdaptiveGrid ? static_cast<int>(points) : kMaxAdaptiveGrid) : 0;
 }
 
-// roi points at [batch_index, x1, y1, x2, y2]. Operation order follows torchvision so float results agree.
+// roi points at [batch_index, x1, y1, x2, y2]. Operation order follows torchvision so float results agree; no FMA
+// contraction (see mul_rounded), so the CPU and CUDA kernels sample the same points.
 template <typename acc_t>
 YFD_HOST_DEVICE RoiBins<acc_t> roi_bins(const acc_t* roi, acc_t spatial_scale, const PoolParams& params) {
   const acc_t offset = params.aligned ? acc_t(0.5) : acc_t(0);
   RoiBins<acc_t> bins;
-  bins.start_x = roi[1] * spatial_scale - offset;
-  bins.start_y = roi[2] * spatial_scale - offset;
-  acc_t roi_width = roi[3] * spatial_scale - offset - bins.start_x;
-  acc_t roi_height = roi[4] * spatial_scale - offset - bins.start_y;
+  bins.start_x = add_rounded(mul_rounded(roi[1], spatial_scale), -offset);
+  bins.start_y = add_rounded(mul_rounded(roi[2], spatial_scale), -offset);
+  acc_t roi_width = add_rounded(add_rounded(mul_rounded(roi[3], spatial_scale), -offset), -bins.start_x);
+  acc_t roi_height = add_rounded(add_rounded(mul_rounded(roi[4], spatial_scale), -offset), -bins.start_y);
   if (!params.aligned) {  // the legacy (Detectron v1) convention: RoIs at least one pixel wide
     roi_width = roi_width > acc_t(1) ? roi_width : acc_t(1);
     roi_height = roi_height > acc_t(1) ? roi_height : acc_t(1);
@@ -92,8 +93,8 @@ YFD_HOST_DEVICE RoiBins<acc_t> roi_bins(const acc_t* roi, acc_t spatial_scale, c
 // Coordinate of sample `i` (of `grid`) inside bin `bin` along one axis.
 template <typename acc_t>
 YFD_HOST_DEVICE acc_t sample_coordinate(acc_t start, acc_t bin_size, int64_t bin, int i, int grid) {
-  return start + static_cast<acc_t>(bin) * bin_size +
-         static_cast<acc_t>(i + acc_t(0.5)) * bin_size / static_cast<acc_t>(grid);
+  const acc_t bin_start = add_rounded(start, mul_rounded(static_cast<acc_t>(bin), bin_size));
+  return add_rounded(bin_start, mul_rounded(static_cast<acc_t>(i + acc_t(0.5)), bin_size) / static_cast<acc_t>(grid));
 }
 
 // Bilinear interpolation along one axis: the two neighbouring rows (or columns) and their weights.
