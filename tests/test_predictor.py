@@ -336,3 +336,18 @@ def test_augment_runs_eager(letterbox_calls):
     model = detecting_model("cuda")
     predict(model, sources_for("single"), augment=True)
     assert len(default_cache()) == 0 and letterbox_calls
+
+
+@pytest.mark.cuda
+def test_pose_graphs_keep_their_anchors(letterbox_calls):
+    """Pose decodes keypoints with the head's anchors inside the graph. Alternating two input shapes, each eager
+    call on one shape replaces the anchors the other shape's graph reads: the graph must keep them alive."""
+    model = detecting_model("cuda", "yolo11n-pose.yaml")
+    bus, zidane = asset_arrays()
+    ours = [model.predict([image], device="cuda", verbose=False)[0] for image in (bus, zidane) * 4]
+    assert len(default_cache()) == 2
+    predictor_patch.revert()
+    eager = [model.predict([image], device="cuda", verbose=False)[0] for image in (bus, zidane)]
+    assert_same_detections(ours[-2:], eager, box_atol=1e-3, conf_atol=1e-4)
+    for our_result, eager_result in zip(ours[-2:], eager):
+        torch.testing.assert_close(our_result.keypoints.data, eager_result.keypoints.data, rtol=0, atol=1e-3)
