@@ -20,7 +20,7 @@ import torchvision  # noqa: F401 - makes stock NMS use torchvision's kernel, as 
 
 from yolo_fastdetect.ops.nms import non_max_suppression, stock_non_max_suppression
 
-from ._timing import single_call_median_ms
+from ._timing import detecting_model, single_call_median_ms
 
 NUM_CLASSES = 80
 NUM_ANCHORS = 8400  # 640 x 640
@@ -84,28 +84,13 @@ def bench_operator(device: str, dtype: torch.dtype, repeats: int, batches: list[
                       f"{stock_ms / ours_ms:.1f}x | {agreement} |", flush=True)
 
 
-def _detecting_model(name: str):
-    """The model; one built from a YAML gets seeded weights with the person and bus class biases raised, so that
-    random weights produce detections on the assets (and the rest lowered, like a trained model's background)."""
-    from ultralytics import YOLO
-
-    torch.manual_seed(0)
-    model = YOLO(name)
-    if name.endswith((".yaml", ".yml")):
-        for branch in model.model.model[-1].cv3:
-            bias = torch.full_like(branch[-1].bias, -6.0)
-            bias[[0, 5]] = 1.0
-            branch[-1].bias.data.copy_(bias)
-    return model
-
-
 def bench_predict(model_name: str, device: str, half: bool, runs: int) -> None:
     from ultralytics.utils import ASSETS
 
     from yolo_fastdetect.patches import nms as nms_patch
 
     sources = [str(ASSETS / ("bus.jpg" if i % 2 == 0 else "zidane.jpg")) for i in range(64)]
-    model = _detecting_model(model_name)
+    model = detecting_model(model_name)
     was_applied = nms_patch.is_applied()
     print(f"\n### model.predict, 64 images (bus/zidane), batch 64, {model_name}, half={half}, on {device}: "
           "ms per image (Ultralytics' speed)\n")

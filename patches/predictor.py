@@ -1,0 +1,148 @@
+"""Patch ``DetectionPredictor.preprocess`` and ``.inference``: letterbox on the GPU, forward pass from CUDA graphs.
+
+Stock Ultralytics letterboxes each image on the CPU (cv2), then uploads the batch; at batch 1 its eager forward pass
+spends most of its time launching kernels. On a CUDA device the patched predictor
+
+- letterboxes in the ``letterbox`` operator on the GPU, uploading the original images (bit-identical input);
+- replays the forward pass from a CUDA graph per input shape (:mod:`yolo_fastdetect.graphs`): a shape's first batch
+  runs eagerly, its second is captured. ``YOLO_FASTDETECT_GRAPHS=0`` turns the replay off,
+  ``YOLO_FASTDETECT_GRAPH_CACHE`` bounds the number of graphs kept (default 8).
+
+``DetectionPredictor`` inherits both methods from ``BasePredictor``; ``apply()`` sets them on ``DetectionPredictor``
+(so Segment, Pose and OBB predictors get them too) and ``revert()`` restores its ``__dict__`` as it was. Everything
+else (CPU, other model formats, ``augment``/``embed``/``visualize``, a custom ``pre_transform``, forward hooks such
+as the tracker's ReID hook, extra arguments) runs the stock method.
+
+The replayed outputs are the graph's static tensors and are overwritten by the next replay of that shape. The stock
+loop post-processes a batch before it runs the next one, and NMS makes new tensors for the ``Results``, so nothing a
+user keeps refers to them; code calling ``predictor.inference`` itself must use (or clone) the outputs before the
+next call.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+from ultralytics.engine.predictor import BasePredictor
+from ultralytics.models.yolo.detect import DetectionPredictor
+from ultralytics.nn.autobackend import AutoBackend
+from ultralytics.nn.tasks import DetectionModel, OBBModel, PoseModel, SegmentationModel
+
+from yolo_fastdetect import _ext
+from yolo_fastdetect.graphs import default_cache
+from yolo_fastdetect.ops.letterbox import letterbox
+
+GRAPHS_VARIABLE = "YOLO_FASTDETECT_GRAPHS"
+
+# Networks whose forward pass is plain tensor work on the input. Subclasses such as YOLO-World and YOLOE keep
+# prompt embeddings in attributes that set_classes replaces, which a replay would not see: they run eagerly.
+_GRAPHED_NETWORKS = (DetectionModel, SegmentationModel, PoseModel, OBBModel)
+
+_MISSING = object()  # DetectionPredictor.__dict__ had no such entry
+_ORIGINALS: dict[str, object] = {}
+
+
+def _stock(predictor: DetectionPredictor, name: str):
+    """The method ``name`` as it was before the patch, bound to ``predictor``."""
+    original = _ORIGINALS.get(name, _MISSING)
+    if original is _MISSING:  # inherited: BasePredictor's (or whatever follows DetectionPredictor in the MRO)
+        return getattr(super(DetectionPredictor, predictor), name)
+    return original.__get__(predictor)
+
+
+def letterbox_options(predictor: DetectionPredictor, im) -> dict | None:
+    """Arguments of :func:`yolo_fastdetect.letterbox` that reproduce the predictor's stock ``pre_transform`` +
+    ``preprocess`` of ``im``, or None where they cannot (not a list of BGR uint8 images, a custom ``pre_transform``,
+    ``scale_fill``, a model that is not 3-channel). Device-independent: the caller decides where it runs."""
+    if not isinstance(im, list) or not im or predictor.scale_fill:
+        return None
+    if getattr(predictor.pre_transform, "__func__", None) is not BasePredictor.pre_transform:
+        return None
+    if getattr(predictor.model, "channels", 3) != 3:
+        return None
+    if not all(isinstance(x, np.ndarray) and x.dtype == np.uint8 and x.ndim == 3 and x.shape[2] == 3 for x in im):
+        return None
+    model = predictor.model
+    same_shapes = len({x.shape for x in im}) == 1
+    # LetterBox's auto exactly as BasePredictor.pre_transform (8.4) computes it.
+    auto = (
+        same_shapes
+        and predictor.args.rect
+        and not predictor.scale_fill
+        and (model.format == "pt" or (getattr(model, "dynamic", False) and model.format != "imx"))
+    )
+    return {
+        "new_shape": tuple(predictor.imgsz),
+        "auto": bool(auto),
+        "stride": model.stride,
+        "dtype": torch.float16 if model.fp16 else torch.float32,
+    }
+
+
+def preprocess(self: DetectionPredictor, im) -> torch.Tensor:
+    """``BasePredictor.preprocess`` with the letterbox on the GPU; the stock method where that does not apply."""
+    if self.device is not None and self.device.type == "cuda" and _ext.has_cuda_kernels():
+        options = letterbox_options(self, im)
+        if options is not None:
+            return letterbox(im, device=self.device, **options)[0]
+    return _stock(self, "preprocess")(im)
+
+
+def graphs_apply(predictor: DetectionPredictor, im: torch.Tensor) -> bool:
+    """Whether ``predictor.inference(im)`` may replay a CUDA graph of the stock call ``predictor.model(im, ...)``."""
+    args, model = predictor.args, predictor.model
+    return (
+        os.environ.get(GRAPHS_VARIABLE, "1") != "0"
+        and isinstance(im, torch.Tensor)
+        and im.is_cuda
+        and not (args.augment or args.embed or args.visualize)
+        and isinstance(model, AutoBackend)
+        and model.format == "pt"
+        and not (model._forward_hooks or model._forward_pre_hooks)
+        and type(model.model) in _GRAPHED_NETWORKS
+        and not model.model.training
+        and not torch.is_grad_enabled()
+    )
+
+
+def inference(self: DetectionPredictor, im: torch.Tensor, *args, **kwargs):
+    """``BasePredictor.inference`` replayed from a CUDA graph per input shape; the stock method where that does not
+    apply. The outputs are overwritten by the next replay of the same shape (see the module docstring)."""
+    if args or kwargs or not graphs_apply(self, im):
+        return _stock(self, "inference")(im, *args, **kwargs)
+    model, augment, embed = self.model, self.args.augment, self.args.embed
+    head = model.model.model[-1]
+    # stream_inference sets these on end-to-end heads at every run, and their forward reads them as Python values.
+    variant = (getattr(head, "max_det", None), getattr(head, "agnostic_nms", None))
+    return default_cache()(lambda x: model(x, augment=augment, embed=embed), im, owner=model.model, variant=variant)
+
+
+_METHODS = {"preprocess": preprocess, "inference": inference}
+
+
+def apply() -> None:
+    """Install the patched methods on ``DetectionPredictor`` (idempotent)."""
+    if not is_applied():
+        for name, method in _METHODS.items():
+            _ORIGINALS[name] = DetectionPredictor.__dict__.get(name, _MISSING)
+            setattr(DetectionPredictor, name, method)
+
+
+def revert() -> None:
+    """Restore ``DetectionPredictor``'s ``__dict__`` (in 8.4 it inherits both methods) and drop the graphs
+    (idempotent)."""
+    if is_applied():
+        for name in _METHODS:
+            original = _ORIGINALS.pop(name)
+            if original is _MISSING:
+                delattr(DetectionPredictor, name)
+            else:
+                setattr(DetectionPredictor, name, original)
+        default_cache().clear()
+
+
+def is_applied() -> bool:
+    """Whether both methods are the patched ones."""
+    return all(DetectionPredictor.__dict__.get(name) is method for name, method in _METHODS.items())

@@ -1,0 +1,171 @@
+"""``python -m yolo_fastdetect bench e2e``: ``model.predict`` end to end, stock Ultralytics against yolo_fastdetect.
+
+Both run in one process on the same model object, toggled with ``yolo_fastdetect.disable()`` / ``enable()``: the
+wheel's bus.jpg (1080x810) and zidane.jpg (720x1280), decoded once with cv2, alternate inside a batch (so batches
+of several images mix sizes and are letterboxed to 640x640) and, at batch 1, from one call to the next (two
+rectangular input shapes, each captured in its own CUDA graph). Models are built from their YAML with seeded
+weights and the person/bus class biases raised so that they detect; fp16 (``half=True``) on CUDA.
+
+Per model and batch: ``--warmup`` calls (enough for the graphs to be captured), then ``--iters`` timed calls, each
+bracketed by CUDA events. Reported: the median wall time per image and images/s, the median of Ultralytics' own
+per-image stage times (``Results.speed``), the speed-up, and whether stock and ours detect the same on the last
+timed call (boxes per side, largest distance from one of our boxes to stock's nearest box of its class).
+Options: ``--models``, ``--batches``, ``--iters``, ``--warmup``, ``--json PATH`` (raw numbers, for
+``benchmarks/plot_e2e.py``), ``--device cpu`` (a smoke run with a wall clock; the patch changes nothing there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+
+from ._timing import detecting_model, environment_line
+
+STAGES = ("preprocess", "inference", "postprocess")
+
+
+def load_images() -> list[np.ndarray]:
+    """bus.jpg and zidane.jpg from the Ultralytics wheel, BGR as the predictor's loader reads them."""
+    from ultralytics.utils import ASSETS
+
+    return [cv2.imread(str(ASSETS / name)) for name in ("bus.jpg", "zidane.jpg")]
+
+
+def batch_images(images: list[np.ndarray], batch: int, call: int) -> list[np.ndarray]:
+    """The images of one call: alternating within the batch, and between calls (so batch 1 sees both sizes)."""
+    return [images[(call + i) % len(images)] for i in range(batch)]
+
+
+def time_predict(model, images: list[np.ndarray], batch: int, device: str, warmup: int, iters: int) -> dict:
+    """Time ``model.predict`` as it is currently patched (or not); the numbers and the last call's results."""
+    cuda = device == "cuda"
+    options = {"device": device, "batch": batch, "verbose": False, "quantize": 16 if cuda else None}  # half=True
+    for call in range(warmup):
+        model.predict(batch_images(images, batch, call), **options)
+    wall, speeds = [], []
+    for call in range(iters):
+        sources = batch_images(images, batch, call)
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            results = model.predict(sources, **options)
+            end.record()
+            end.synchronize()
+            wall.append(start.elapsed_time(end))
+        else:
+            begin = time.perf_counter()
+            results = model.predict(sources, **options)
+            wall.append((time.perf_counter() - begin) * 1e3)
+        speeds.append(results[0].speed)
+    ms = statistics.median(wall)
+    return {
+        "ms_per_image": ms / batch,
+        "images_per_s": batch * 1e3 / ms,
+        "stages_ms_per_image": {stage: statistics.median(s[stage] for s in speeds) for stage in STAGES},
+        "results": results,
+    }
+
+
+def detection_difference(ours: list, stock: list, conf_atol: float = float("inf")) -> dict:
+    """Compare two lists of ``Results``: boxes on each side, whether every image has as many of ours as stock's, and
+    the largest distance (max over x1, y1, x2, y2, original pixels) from one of our boxes to the nearest stock box
+    of its class whose confidence is within ``conf_atol`` (infinite where there is none). Nearest rather than in
+    order: in fp16 confidences tie, and two NMS implementations may list tied boxes differently."""
+    distance = 0.0
+    for mine, theirs in zip(ours, stock):
+        mine, theirs = mine.boxes.data.float().cpu(), theirs.boxes.data.float().cpu()
+        if not len(mine) or not len(theirs):
+            distance = distance if len(mine) == len(theirs) else float("inf")
+            continue
+        gaps = (mine[:, None, :4] - theirs[None, :, :4]).abs().amax(2)
+        same_class = mine[:, None, 5] == theirs[None, :, 5]
+        partners = same_class & ((mine[:, None, 4] - theirs[None, :, 4]).abs() <= conf_atol)
+        distance = max(distance, gaps.masked_fill(~partners, float("inf")).amin(1).max().item())
+    return {
+        "stock": sum(len(r.boxes) for r in stock),
+        "ours": sum(len(r.boxes) for r in ours),
+        "same_counts": len(ours) == len(stock) and all(len(a.boxes) == len(b.boxes) for a, b in zip(ours, stock)),
+        "max_box_diff_px": distance,
+    }
+
+
+def bench_model(name: str, images: list[np.ndarray], batches: list[int], device: str, warmup: int,
+                iters: int) -> list[dict]:
+    """Stock and ours for one model at each batch size."""
+    import yolo_fastdetect
+
+    model = detecting_model(name)
+    rows = []
+    for batch in batches:
+        row = {"model": name, "batch": batch}
+        for side, switch in (("stock", yolo_fastdetect.disable), ("ours", yolo_fastdetect.enable)):
+            switch()
+            row[side] = time_predict(model, images, batch, device, warmup, iters)
+        row["speedup"] = row["stock"]["ms_per_image"] / row["ours"]["ms_per_image"]
+        row["detections"] = detection_difference(row["ours"].pop("results"), row["stock"].pop("results"))
+        rows.append(row)
+        print(f"  {name} batch {batch}: stock {row['stock']['ms_per_image']:.3f}, ours "
+              f"{row['ours']['ms_per_image']:.3f} ms/image", flush=True)
+    return rows
+
+
+def markdown_table(rows: list[dict]) -> str:
+    header = (
+        "| model | batch | stock ms/img | ours ms/img | speed-up | stock img/s | ours img/s | "
+        "stock pre / inf / post | ours pre / inf / post | boxes stock / ours | max box diff (px) |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|"
+    )
+    lines = [header]
+    for row in rows:
+        stock, ours, detections = row["stock"], row["ours"], row["detections"]
+
+        def stages(side: dict) -> str:
+            return " / ".join(f"{side['stages_ms_per_image'][stage]:.3f}" for stage in STAGES)
+
+        lines.append(
+            f"| {row['model']} | {row['batch']} | {stock['ms_per_image']:.3f} | {ours['ms_per_image']:.3f} | "
+            f"{row['speedup']:.2f}x | {stock['images_per_s']:.0f} | {ours['images_per_s']:.0f} | {stages(stock)} | "
+            f"{stages(ours)} | {detections['stock']} / {detections['ours']} | {detections['max_box_diff_px']:.2g} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark; ``argv`` are the options after ``bench e2e``."""
+    parser = argparse.ArgumentParser(prog="yolo-fastdetect bench e2e", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["yolo12n.yaml", "yolov8s.yaml"])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--iters", type=int, default=20, help="timed calls per row (default 20)")
+    parser.add_argument("--warmup", type=int, default=6, help="untimed calls first; >= 4 captures both batch-1 shapes")
+    parser.add_argument("--json", type=Path, help="also write the raw numbers to this file")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a smoke run only")
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench e2e needs a CUDA GPU (or --device cpu for a smoke run)")
+    from .. import _ext
+
+    _ext.require()
+    images = load_images()
+    environment = environment_line()
+    print(f"model.predict end to end: {environment}", flush=True)
+    rows = [row for name in args.models for row in bench_model(name, images, args.batches, args.device,
+                                                              args.warmup, args.iters)]
+    precision, clock = ("fp16", "CUDA events") if args.device == "cuda" else ("fp32", "wall clock")
+    print(f"\nmodel.predict on bus.jpg/zidane.jpg (numpy, alternating), {precision}, {args.device}: median of "
+          f"{args.iters} calls after {args.warmup} warm-up; ms per image (wall: {clock} around each call; "
+          "stages: Ultralytics' Results.speed)\n")
+    print(markdown_table(rows))
+    if args.json:
+        settings = {key: value for key, value in vars(args).items() if key != "json"}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"environment": environment, "settings": settings, "rows": rows},
+                                        indent=2))
+        print(f"\nraw numbers: {args.json}")
