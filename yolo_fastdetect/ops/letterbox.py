@@ -152,10 +152,11 @@ def _value_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 
 
 # Host staging: numpy images are copied into one pinned buffer by a few threads (numpy's copy releases the GIL), in
-# pieces of about _PIECE_BYTES, and each piece is sent to the GPU as soon as it is filled, so the host copies and the
-# PCIe transfer overlap. A piece is large enough that its copy call costs little, small enough that the transfer
-# starts early and the threads share the work evenly.
-_PIECE_BYTES = 4 << 20
+# pieces, and each piece is sent to the GPU as soon as it is filled, so the host copies and the PCIe transfer
+# overlap. A piece is large enough that its copy call costs little, small enough that the transfer starts early and
+# the threads share the work evenly: a batch is cut into about two pieces per thread, of 256 KiB to 4 MiB.
+_MIN_PIECE_BYTES = 256 << 10
+_MAX_PIECE_BYTES = 4 << 20
 _STAGING_THREADS = min(8, os.cpu_count() or 1)
 _staging_pool: ThreadPoolExecutor | None = None
 
@@ -168,18 +169,20 @@ def _pool() -> ThreadPoolExecutor:
     return _staging_pool
 
 
-def _pieces(arrays: Sequence[np.ndarray], offsets: Sequence[int]) -> list[list[tuple[np.ndarray, int]]]:
-    """The packed buffer cut into consecutive pieces of about ``_PIECE_BYTES``: each a list of (rows of one image,
-    their byte offset). Small images share a piece; a large one is cut by rows (any strides, e.g. a BGRA view)."""
+def _pieces(
+    arrays: Sequence[np.ndarray], offsets: Sequence[int], piece_target: int
+) -> list[list[tuple[np.ndarray, int]]]:
+    """The packed buffer cut into consecutive pieces of about ``piece_target`` bytes: each a list of (rows of one
+    image, their byte offset). Small images share a piece; a large one is cut by rows (any strides, e.g. BGRA)."""
     pieces, piece, piece_bytes = [], [], 0
     for array, offset in zip(arrays, offsets):
         row_bytes = array.shape[1] * 3
-        rows_per_piece = max(1, _PIECE_BYTES // row_bytes)
+        rows_per_piece = max(1, piece_target // row_bytes)
         for row in range(0, array.shape[0], rows_per_piece):
             rows = array[row : row + rows_per_piece]
             piece.append((rows, offset + row * row_bytes))
             piece_bytes += rows.nbytes
-            if piece_bytes >= _PIECE_BYTES:
+            if piece_bytes >= piece_target:
                 pieces.append(piece)
                 piece, piece_bytes = [], 0
     if piece:
@@ -203,7 +206,8 @@ def _stage(arrays: Sequence[np.ndarray], offsets: Sequence[int], total: int, dev
     staging = torch.empty(total, dtype=torch.uint8, pin_memory=to_gpu)
     packed = torch.empty(total, dtype=torch.uint8, device=device) if to_gpu else staging
     buffer = staging.numpy()
-    futures = [_pool().submit(_fill, buffer, piece) for piece in _pieces(arrays, offsets)]
+    piece_target = min(max(total // (2 * _STAGING_THREADS), _MIN_PIECE_BYTES), _MAX_PIECE_BYTES)
+    futures = [_pool().submit(_fill, buffer, piece) for piece in _pieces(arrays, offsets, piece_target)]
     for future in as_completed(futures):
         start, end = future.result()
         if to_gpu:
