@@ -184,8 +184,7 @@ def test_mixed_sizes_one_batch_bit_identical(generator, monkeypatch, device, pie
     """A batch of many sizes (one kernel launch) equals stock on each image, bit for bit; with small staging pieces
     too, so that pieces both cut images and span several."""
     if piece_bytes:
-        monkeypatch.setattr(letterbox_module, "_MIN_PIECE_BYTES", piece_bytes)
-        monkeypatch.setattr(letterbox_module, "_MAX_PIECE_BYTES", piece_bytes)
+        monkeypatch.setattr(letterbox_module, "_PIECE_BYTES", piece_bytes)
     images = mixed_images(generator)
     ours, geometries = letterbox(images, 640, dtype=torch.float16, device=device)
     assert ours.shape == (len(images), 3, 640, 640)

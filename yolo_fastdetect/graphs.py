@@ -104,12 +104,15 @@ def capture_cuda_graph(fn: Callable[[torch.Tensor], Any], example: torch.Tensor,
 
 
 def _release_failed_capture(graph: torch.cuda.CUDAGraph, pool, device_index: int) -> None:
-    """Undo the allocator state of a capture whose end failed.
+    """Undo the allocator and random-generator state of a capture whose end failed.
 
     When the capture was invalidated (an illegal call inside it), ``capture_end`` raises before it tells the
     caching allocator that the capture is over; the allocator would then believe a capture is still underway and
     refuse to empty its cache. Ending and releasing the pool is what a successful ``capture_end`` plus the graph's
-    destruction would have done. A capture that did end (the exception came after it) owns its pool already.
+    destruction would have done. ``capture_end`` also never ended the capture of the device's default random
+    generator, after which every random draw on the device raises ("Offset increment outside graph capture"); a
+    trivial capture that ends properly ends it. A capture that did end (the exception came after it) owns its pool
+    already and left the generator alone.
     """
     try:
         graph.pool()  # raises when the capture never ended
@@ -117,6 +120,8 @@ def _release_failed_capture(graph: torch.cuda.CUDAGraph, pool, device_index: int
         with contextlib.suppress(RuntimeError):
             torch._C._cuda_endAllocateToPool(device_index, pool)
             torch._C._cuda_releasePool(device_index, pool)
+        with torch.cuda.device(device_index), torch.cuda.graph(torch.cuda.CUDAGraph()):
+            torch.zeros(1, device=torch.device("cuda", device_index))
 
 
 def _hook_tables(module: nn.Module) -> tuple[dict, ...]:
