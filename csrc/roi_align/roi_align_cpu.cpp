@@ -68,11 +68,6 @@ void check_spatial_scales(const char* op, at::ArrayRef<double> spatial_scales, s
     TORCH_CHECK_VALUE(std::isfinite(scale) && scale > 0, op, ": spatial_scale must be positive, got ", text(scale));
 }
 
-// Batch indices must lie in [0, batch): checked on the host (the CUDA launcher defers it, see there).
-void check_batch_indices(const char* op, const at::Tensor& rois, int64_t batch) {
-  if (rois.size(0) > 0) check_batch_index_range(op, batch_index_range(rois), batch);
-}
-
 at::Tensor rois_for_kernel(const at::Tensor& rois, at::ScalarType feature_dtype) {
   return rois.to(accumulation_dtype(feature_dtype)).contiguous();
 }
@@ -119,7 +114,8 @@ CheckedArgs check_forward_args(const char* op, at::TensorList features, const at
   check_rois(op, rois, first.scalar_type(), first.device());
   check_roi_levels(op, roi_levels, rois, first.device());
   const PoolParams params = pool_params(op, pooled_height, pooled_width, sampling_ratio, aligned, max_mode);
-  if (check_batch_index_values) check_batch_indices(op, rois, first.size(0));
+  if (check_batch_index_values && rois.size(0) > 0)  // the CUDA launcher checks them itself, see there
+    check_batch_index_range(op, batch_index_range(rois), first.size(0));
   return CheckedArgs{rois_for_kernel(rois, first.scalar_type()),
                      roi_levels.defined() ? roi_levels.contiguous() : roi_levels, params};
 }

@@ -169,20 +169,18 @@ def _pool() -> ThreadPoolExecutor:
     return _staging_pool
 
 
-def _pieces(
-    arrays: Sequence[np.ndarray], offsets: Sequence[int], piece_target: int
-) -> list[list[tuple[np.ndarray, int]]]:
-    """The packed buffer cut into consecutive pieces of about ``piece_target`` bytes: each a list of (rows of one
-    image, their byte offset). Small images share a piece; a large one is cut by rows (any strides, e.g. BGRA)."""
+def _pieces(arrays: Sequence[np.ndarray], offsets: Sequence[int]) -> list[list[tuple[np.ndarray, int]]]:
+    """The packed buffer cut into consecutive pieces of about ``_PIECE_BYTES``: each a list of (rows of one image,
+    their byte offset). Small images share a piece; a large one is cut by rows (any strides, e.g. a BGRA view)."""
     pieces, piece, piece_bytes = [], [], 0
     for array, offset in zip(arrays, offsets):
         row_bytes = array.shape[1] * 3
-        rows_per_piece = max(1, piece_target // row_bytes)
+        rows_per_piece = max(1, _PIECE_BYTES // row_bytes)
         for row in range(0, array.shape[0], rows_per_piece):
             rows = array[row : row + rows_per_piece]
             piece.append((rows, offset + row * row_bytes))
             piece_bytes += rows.nbytes
-            if piece_bytes >= piece_target:
+            if piece_bytes >= _PIECE_BYTES:
                 pieces.append(piece)
                 piece, piece_bytes = [], 0
     if piece:
@@ -206,7 +204,7 @@ def _stage(arrays: Sequence[np.ndarray], offsets: Sequence[int], total: int, dev
     staging = torch.empty(total, dtype=torch.uint8, pin_memory=to_gpu)
     packed = torch.empty(total, dtype=torch.uint8, device=device) if to_gpu else staging
     buffer = staging.numpy()
-    futures = [_pool().submit(_fill, buffer, piece) for piece in _pieces(arrays, offsets, _PIECE_BYTES)]
+    futures = [_pool().submit(_fill, buffer, piece) for piece in _pieces(arrays, offsets)]
     for future in as_completed(futures):
         start, end = future.result()
         if to_gpu:
@@ -215,7 +213,10 @@ def _stage(arrays: Sequence[np.ndarray], offsets: Sequence[int], total: int, dev
 
 
 def _pack(
-    images: np.ndarray | torch.Tensor | Sequence, image_list: Sequence[np.ndarray | torch.Tensor], offsets: Sequence[int], total: int,
+    images: np.ndarray | torch.Tensor | Sequence,
+    image_list: Sequence[np.ndarray | torch.Tensor],
+    offsets: Sequence[int],
+    total: int,
     device: torch.device,
 ) -> torch.Tensor:
     """All images back to back, each (H, W, 3) row-major, in one flat uint8 tensor on ``device``. ``images`` is
