@@ -1,4 +1,8 @@
-"""Diagnosis on the GPU machine: where a RoIAlign call spends its time (kernels vs host), ours vs torchvision."""
+"""Diagnosis on the GPU machine: where a RoIAlign call spends its time (kernels vs host), ours vs torchvision.
+
+Per case: host ms per call (calls queued without syncing), the benchmark's single-call median (CUDA events around
+one call after a sync), the GPU time alone (CUDA graph replay), and the kernels of the forward pass.
+"""
 
 import time
 
@@ -6,6 +10,7 @@ import torch
 import torchvision
 from torch.profiler import ProfilerActivity, profile
 
+from yolo_fastdetect.bench._timing import graph_median_ms, single_call_median_ms
 from yolo_fastdetect.bench.roi_align import random_boxes
 from yolo_fastdetect.ops import MultiScaleRoIAlign, roi_align
 
@@ -20,31 +25,27 @@ for dtype in (torch.float32, torch.float16):
     pyr = [torch.randn(4, 256, 640 // s, 640 // s, generator=g).cuda().to(dtype).requires_grad_(True) for s in (8, 16, 32)]
     boxes = [rois[rois[:, 0] == i, 1:] for i in range(4)]
     ms = MultiScaleRoIAlign(7, (8, 16, 32), 2, aligned=False)
+    named = dict(zip(["p3", "p4", "p5"], pyr))
+    tv_ms = torchvision.ops.MultiScaleRoIAlign(["p3", "p4", "p5"], 7, 2)
     cases["ours_ms"] = lambda: ms(pyr, boxes)
+    cases["tv_ms"] = lambda: tv_ms(named, boxes, [(640, 640)] * 4)
     for name, fn in cases.items():
         for grad in (False, True):
             with torch.set_grad_enabled(grad):
                 for _ in range(5):
-                    out = fn()
+                    fn()
                 torch.cuda.synchronize()
                 t = time.perf_counter()
                 for _ in range(50):
-                    out = fn()
+                    fn()
                 host = (time.perf_counter() - t) / 50 * 1e3
                 torch.cuda.synchronize()
-                t = time.perf_counter()
-                for _ in range(50):
-                    out = fn()
-                torch.cuda.synchronize()
-                wall = (time.perf_counter() - t) / 50 * 1e3
-            print(f"{dtype} {name} grad={grad}: host {host:.3f} ms/call, wall(50 queued) {wall:.3f} ms/call")
-        out = fn()
-        go = torch.randn_like(out)
-        inputs = pyr if name == "ours_ms" else [feats]
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                single = single_call_median_ms(fn, "cuda", 50, 10)
+                gpu = graph_median_ms(lambda: fn(), [()]) if grad is False else None
+            gpu_text = f"{gpu:.3f}" if gpu is not None else "-"
+            print(f"{dtype} {name} grad={grad}: host {host:.3f}  single-call {single:.3f}  gpu(graph) {gpu_text} ms")
+        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
             for _ in range(10):
-                out = fn()
-                torch.autograd.grad(out, inputs, go)
+                fn()
             torch.cuda.synchronize()
-        print(f"--- {dtype} {name}: kernels over 10 forward+backward")
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=70))
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14, max_name_column_width=60))
