@@ -90,14 +90,26 @@ YFD_HOST_DEVICE RoiBins<acc_t> roi_bins(const acc_t* roi, acc_t spatial_scale, c
   return bins;
 }
 
-// Coordinate of sample `i` (of `grid`) inside bin `bin` along one axis.
+// A sample's coordinate along one axis is the start of its bin plus its offset inside the bin. The offset of
+// sample i (of `grid`) does not depend on the bin, so the GPU kernels tabulate it once per RoI (it holds the
+// costliest step, a division).
 template <typename acc_t>
-YFD_HOST_DEVICE acc_t sample_coordinate(acc_t start, acc_t bin_size, int64_t bin, int i, int grid) {
-  const acc_t bin_start = add_rounded(start, mul_rounded(static_cast<acc_t>(bin), bin_size));
-  return add_rounded(bin_start, mul_rounded(static_cast<acc_t>(i + acc_t(0.5)), bin_size) / static_cast<acc_t>(grid));
+YFD_HOST_DEVICE acc_t bin_start(acc_t start, acc_t bin_size, int64_t bin) {
+  return add_rounded(start, mul_rounded(static_cast<acc_t>(bin), bin_size));
 }
 
-// Bilinear interpolation along one axis: the two neighbouring rows (or columns) and their weights.
+template <typename acc_t>
+YFD_HOST_DEVICE acc_t sample_offset(acc_t bin_size, int i, int grid) {
+  return mul_rounded(static_cast<acc_t>(i + acc_t(0.5)), bin_size) / static_cast<acc_t>(grid);
+}
+
+template <typename acc_t>
+YFD_HOST_DEVICE acc_t sample_coordinate(acc_t start, acc_t bin_size, int64_t bin, int i, int grid) {
+  return add_rounded(bin_start(start, bin_size, bin), sample_offset(bin_size, i, grid));
+}
+
+// Bilinear interpolation along one axis: the element offsets (index * stride) of the two neighbouring rows (or
+// columns) and their weights.
 template <typename acc_t>
 struct AxisTaps {
   bool valid;  // false when the point lies more than one pixel outside the map: the sample reads 0
@@ -106,7 +118,7 @@ struct AxisTaps {
 };
 
 template <typename acc_t>
-YFD_HOST_DEVICE AxisTaps<acc_t> axis_taps(acc_t coordinate, int64_t size) {
+YFD_HOST_DEVICE AxisTaps<acc_t> axis_taps(acc_t coordinate, int64_t size, int64_t stride) {
   AxisTaps<acc_t> taps;
   // Written so that NaN is invalid.
   taps.valid = coordinate >= acc_t(-1) && coordinate <= static_cast<acc_t>(size);
@@ -116,14 +128,16 @@ YFD_HOST_DEVICE AxisTaps<acc_t> axis_taps(acc_t coordinate, int64_t size) {
     return taps;
   }
   if (coordinate <= acc_t(0)) coordinate = acc_t(0);
-  taps.low = static_cast<int64_t>(coordinate);
-  if (taps.low >= size - 1) {
-    taps.low = taps.high = size - 1;
-    coordinate = static_cast<acc_t>(taps.low);
+  int64_t low = static_cast<int64_t>(coordinate), high;
+  if (low >= size - 1) {
+    low = high = size - 1;
+    coordinate = static_cast<acc_t>(low);
   } else {
-    taps.high = taps.low + 1;
+    high = low + 1;
   }
-  const acc_t fraction = coordinate - static_cast<acc_t>(taps.low);
+  const acc_t fraction = coordinate - static_cast<acc_t>(low);
+  taps.low = low * stride;
+  taps.high = high * stride;
   taps.weight_low = acc_t(1) - fraction;
   taps.weight_high = fraction;
   return taps;
@@ -138,14 +152,13 @@ struct PointTaps {
 };
 
 template <typename acc_t>
-YFD_HOST_DEVICE PointTaps<acc_t> point_taps(const AxisTaps<acc_t>& y, const AxisTaps<acc_t>& x, int64_t stride_h,
-                                            int64_t stride_w) {
+YFD_HOST_DEVICE PointTaps<acc_t> point_taps(const AxisTaps<acc_t>& y, const AxisTaps<acc_t>& x) {
   PointTaps<acc_t> taps;
   taps.valid = y.valid && x.valid;
-  taps.offset[0] = y.low * stride_h + x.low * stride_w;
-  taps.offset[1] = y.low * stride_h + x.high * stride_w;
-  taps.offset[2] = y.high * stride_h + x.low * stride_w;
-  taps.offset[3] = y.high * stride_h + x.high * stride_w;
+  taps.offset[0] = y.low + x.low;
+  taps.offset[1] = y.low + x.high;
+  taps.offset[2] = y.high + x.low;
+  taps.offset[3] = y.high + x.high;
   taps.weight[0] = y.weight_low * x.weight_low;
   taps.weight[1] = y.weight_low * x.weight_high;
   taps.weight[2] = y.weight_high * x.weight_low;
@@ -182,17 +195,14 @@ inline at::ScalarType accumulation_dtype(at::ScalarType dtype) {
   return dtype == at::kDouble ? at::kDouble : at::kFloat;
 }
 
-// Batch indices must lie in [0, N). batch_index_range: rois[:, 0]'s lowest and highest value as a (2,) tensor on
-// the rois' device (NaN propagates into both); check_batch_index_range raises unless they lie in [0, batch).
-at::Tensor batch_index_range(const at::Tensor& rois);
-void check_batch_index_range(const char* op, const at::Tensor& range, int64_t batch);
+// Raises unless the lowest and highest batch index of the rois lie in [0, batch) (NaN fails).
+void check_batch_index_range(const char* op, double lowest, double highest, int64_t batch);
 
 // Host-side checks shared by both launchers (defined in roi_align_cpu.cpp). They raise errors that name the
-// argument, build the level table and return rois as a contiguous (K, 5) tensor in the accumulation dtype.
-// `roi_levels` may be undefined (single level). Batch indices are checked here only when
-// `check_batch_index_values` (the CUDA launcher checks them itself, without stalling the GPU).
+// argument and return the pooling parameters with roi_levels made contiguous (undefined for a single level).
+// Batch indices are checked here only when `check_batch_index_values` (the CUDA launcher checks them itself,
+// without stalling the GPU).
 struct CheckedArgs {
-  at::Tensor rois;        // (K, 5), float64 for float64 features, float32 otherwise
   at::Tensor roi_levels;  // (K,) int64 or undefined
   PoolParams params;
 };

@@ -10,7 +10,6 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/aminmax.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
@@ -68,23 +67,18 @@ void check_spatial_scales(const char* op, at::ArrayRef<double> spatial_scales, s
     TORCH_CHECK_VALUE(std::isfinite(scale) && scale > 0, op, ": spatial_scale must be positive, got ", text(scale));
 }
 
-at::Tensor rois_for_kernel(const at::Tensor& rois, at::ScalarType feature_dtype) {
-  return rois.to(accumulation_dtype(feature_dtype)).contiguous();
+// The rois as the kernels read them: contiguous, in the accumulation type (float64 rois come only with float64
+// features).
+at::Tensor rois_for_kernel(const at::Tensor& rois) {
+  return rois.to(accumulation_dtype(rois.scalar_type())).contiguous();
 }
 
 }  // namespace
 
-at::Tensor batch_index_range(const at::Tensor& rois) {
-  const auto [lowest, highest] = at::aminmax(rois.select(1, 0));
-  return at::stack({lowest, highest});
-}
-
-void check_batch_index_range(const char* op, const at::Tensor& range, int64_t batch) {
-  const at::Tensor ends = range.to(at::kCPU, at::kDouble);
-  const double low = ends.const_data_ptr<double>()[0], high = ends.const_data_ptr<double>()[1];
-  TORCH_CHECK_INDEX(low >= 0 && high < static_cast<double>(batch), op,
-                    ": rois[:, 0] must hold batch indices in [0, ", text(batch), "), got values in [", text(low), ", ",
-                    text(high), "]");
+void check_batch_index_range(const char* op, double lowest, double highest, int64_t batch) {
+  TORCH_CHECK_INDEX(lowest >= 0 && highest < static_cast<double>(batch), op,
+                    ": rois[:, 0] must hold batch indices in [0, ", text(batch), "), got values in [", text(lowest),
+                    ", ", text(highest), "]");
 }
 
 CheckedArgs check_forward_args(const char* op, at::TensorList features, const at::Tensor& rois,
@@ -114,10 +108,11 @@ CheckedArgs check_forward_args(const char* op, at::TensorList features, const at
   check_rois(op, rois, first.scalar_type(), first.device());
   check_roi_levels(op, roi_levels, rois, first.device());
   const PoolParams params = pool_params(op, pooled_height, pooled_width, sampling_ratio, aligned, max_mode);
-  if (check_batch_index_values && rois.size(0) > 0)  // the CUDA launcher checks them itself, see there
-    check_batch_index_range(op, batch_index_range(rois), first.size(0));
-  return CheckedArgs{rois_for_kernel(rois, first.scalar_type()),
-                     roi_levels.defined() ? roi_levels.contiguous() : roi_levels, params};
+  if (check_batch_index_values && rois.size(0) > 0) {  // the CUDA launcher checks them itself, see there
+    const auto [lowest, highest] = at::aminmax(rois.select(1, 0).to(at::kDouble));
+    check_batch_index_range(op, lowest.item<double>(), highest.item<double>(), first.size(0));
+  }
+  return CheckedArgs{roi_levels.defined() ? roi_levels.contiguous() : roi_levels, params};
 }
 
 CheckedArgs check_backward_args(const char* op, const at::Tensor& grad_output, const at::Tensor& rois,
@@ -153,8 +148,7 @@ CheckedArgs check_backward_args(const char* op, const at::Tensor& grad_output, c
     TORCH_CHECK(argmax.device() == grad_output.device(), op, ": argmax is on ", argmax.device(),
                 " but grad_output is on ", grad_output.device());
   }
-  return CheckedArgs{rois_for_kernel(rois, grad_output.scalar_type()),
-                     roi_levels.defined() ? roi_levels.contiguous() : roi_levels, params};
+  return CheckedArgs{roi_levels.defined() ? roi_levels.contiguous() : roi_levels, params};
 }
 
 namespace {
@@ -165,10 +159,12 @@ void bin_taps(const RoiBins<acc_t>& bins, int64_t ph, int64_t pw, int64_t height
               int64_t stride_w, std::vector<PointTaps<acc_t>>& taps) {
   taps.clear();
   for (int iy = 0; iy < bins.grid_h; ++iy) {
-    const AxisTaps<acc_t> y = axis_taps(sample_coordinate(bins.start_y, bins.bin_height, ph, iy, bins.grid_h), height);
+    const AxisTaps<acc_t> y =
+        axis_taps(sample_coordinate(bins.start_y, bins.bin_height, ph, iy, bins.grid_h), height, stride_h);
     for (int ix = 0; ix < bins.grid_w; ++ix) {
-      const AxisTaps<acc_t> x = axis_taps(sample_coordinate(bins.start_x, bins.bin_width, pw, ix, bins.grid_w), width);
-      taps.push_back(point_taps(y, x, stride_h, stride_w));
+      const AxisTaps<acc_t> x =
+          axis_taps(sample_coordinate(bins.start_x, bins.bin_width, pw, ix, bins.grid_w), width, stride_w);
+      taps.push_back(point_taps(y, x));
     }
   }
 }
@@ -270,10 +266,11 @@ std::tuple<at::Tensor, at::Tensor> multiscale_forward_cpu(at::TensorList feature
   at::Tensor out = at::empty({num_rois, channels, pooled_height, pooled_width}, first.options());
   at::Tensor argmax = at::empty(max_mode ? out.sizes() : at::IntArrayRef{0}, first.options().dtype(at::kInt));
   if (out.numel() == 0) return {out, argmax};
+  const at::Tensor kernel_rois = rois_for_kernel(rois);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, first.scalar_type(), "roi_align_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     forward_kernel<scalar_t, acc_t>(level_table<const scalar_t>(features, spatial_scales),
-                                    args.rois.const_data_ptr<acc_t>(),
+                                    kernel_rois.const_data_ptr<acc_t>(),
                                     args.roi_levels.defined() ? args.roi_levels.const_data_ptr<int64_t>() : nullptr,
                                     num_rois, args.params, out.mutable_data_ptr<scalar_t>(),
                                     max_mode ? argmax.mutable_data_ptr<int32_t>() : nullptr);
@@ -295,10 +292,11 @@ std::vector<at::Tensor> multiscale_backward_cpu(const at::Tensor& grad_output, c
   if (grad_output.numel() > 0) {
     const at::Tensor grad_contiguous = grad_output.contiguous();
     const at::Tensor argmax_contiguous = max_mode ? argmax.contiguous() : argmax;
+    const at::Tensor kernel_rois = rois_for_kernel(rois);
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "roi_align_backward_cpu", [&] {
       using acc_t = at::opmath_type<scalar_t>;
       backward_kernel<scalar_t, acc_t>(
-          level_table<acc_t>(grads, spatial_scales), args.rois.const_data_ptr<acc_t>(),
+          level_table<acc_t>(grads, spatial_scales), kernel_rois.const_data_ptr<acc_t>(),
           args.roi_levels.defined() ? args.roi_levels.const_data_ptr<int64_t>() : nullptr, rois.size(0),
           args.params, grad_contiguous.const_data_ptr<scalar_t>(),
           max_mode ? argmax_contiguous.const_data_ptr<int32_t>() : nullptr);

@@ -3,11 +3,12 @@
 // Work split: a block owns one RoI, a chunk of its output bins and a chunk of channels. Its threads form groups of
 // `group_size` lanes (up to a warp); a group pools one bin at a time and each lane owns a packet of V consecutive
 // channels. On channels-last (NHWC) features a bilinear tap is then one V-wide vector load per lane (16 bytes),
-// coalesced across the group, and the sample geometry (group-uniform) is computed once per packet of V channels
-// instead of once per channel. The launcher hands the kernels NHWC features (converting NCHW
-// ones with a tiled transpose) and accumulates gradients in an NHWC buffer, where the backward pass adds a packet
-// with vector atomics (float4 on sm_90). The (K, C, PH, PW) output is staged through shared memory so that each
-// block writes (and, backward, reads) whole runs of consecutive bins, not one element per channel plane.
+// coalesced across the group. Each lane computes the sample geometry (the same for the whole group) itself: a few
+// dozen arithmetic instructions per sample cost less than sharing it, and the one division in it, the offset of a
+// sample inside its bin, is tabulated once per block in shared memory. The launcher hands the kernels NHWC
+// features (converting NCHW ones with a tiled transpose) and accumulates gradients in an NHWC buffer, where the
+// backward pass adds a packet with vector atomics (float4 on sm_90). The (K, C, PH, PW) output is staged through
+// shared memory so that each block writes (and, backward, reads) whole runs of consecutive bins.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
@@ -33,6 +34,9 @@ constexpr int kMaxThreads = 256;
 constexpr int kWarpSize = 32;
 // Shared memory for one block's output tile; above 48 KiB a kernel must opt in, which the launcher does.
 constexpr int64_t kMaxTileBytes = 80 * 1024;
+// Sample offsets are tabulated for grids of up to this many samples a side (adaptive grids are ceil(bin size),
+// rarely above 10); a larger sampling_ratio computes each offset where it is used.
+constexpr int kOffsetTable = 64;
 
 // V elements loaded or stored as one aligned vector.
 template <typename T, int V>
@@ -48,7 +52,9 @@ struct Tiling {
   int64_t channel_chunks;
   int64_t bins_per_block;
   int64_t bin_chunks;
-  int64_t tile_stride;   // shared-memory row (one channel's bins); odd, so that lanes' rows fall in distinct banks
+  // The tile keeps a lane's V channel rows (bins_per_block elements each) together; lanes start lane_pitch elements
+  // apart, V * bins_per_block rounded up to odd, so that the lanes of a group store into distinct banks.
+  int64_t lane_pitch;
   int64_t value_bytes;   // bytes of the value tile, rounded up so that the argmax tile after it is aligned
   int64_t shared_bytes;  // value tile, plus the int32 argmax tile in max mode
   int64_t blocks;
@@ -64,7 +70,7 @@ Tiling make_tiling(int64_t num_rois, int64_t channels, int64_t num_bins, int vec
   tiling.chunk_channels = int64_t{tiling.group_size} * vector_width;
   tiling.channel_chunks = (channels + tiling.chunk_channels - 1) / tiling.chunk_channels;
   const int64_t bytes_per_bin = tiling.chunk_channels * (value_size + (max_mode ? 4 : 0));
-  const int64_t max_bins = std::max<int64_t>(kMaxTileBytes / bytes_per_bin - 1, 1);  // -1: the odd-stride pad
+  const int64_t max_bins = std::max<int64_t>(kMaxTileBytes / bytes_per_bin - 1, 1);  // -1: the lane padding
   tiling.bin_chunks = (num_bins + max_bins - 1) / max_bins;
   tiling.bins_per_block = (num_bins + tiling.bin_chunks - 1) / tiling.bin_chunks;
   // As many groups as make the rounds over the bins even (49 bins: 25 groups twice, not 32 then 17).
@@ -72,12 +78,19 @@ Tiling make_tiling(int64_t num_rois, int64_t channels, int64_t num_bins, int vec
   const int64_t rounds = (tiling.bins_per_block + max_groups - 1) / max_groups;
   const int64_t groups = (tiling.bins_per_block + rounds - 1) / rounds;
   tiling.threads = static_cast<int>((groups * tiling.group_size + kWarpSize - 1) / kWarpSize * kWarpSize);
-  tiling.tile_stride = tiling.bins_per_block | 1;
-  tiling.value_bytes = (tiling.chunk_channels * tiling.tile_stride * value_size + 15) / 16 * 16;
-  tiling.shared_bytes = tiling.value_bytes + (max_mode ? tiling.chunk_channels * tiling.tile_stride * 4 : 0);
+  tiling.lane_pitch = (vector_width * tiling.bins_per_block) | 1;
+  const int64_t tile_elements = tiling.group_size * tiling.lane_pitch;
+  tiling.value_bytes = (tile_elements * value_size + 15) / 16 * 16;
+  tiling.shared_bytes = tiling.value_bytes + (max_mode ? tile_elements * 4 : 0);
   tiling.blocks = num_rois * tiling.channel_chunks * tiling.bin_chunks;
   TORCH_CHECK(tiling.blocks < (int64_t{1} << 31), "roi_align: too many RoIs x channels x bins for one launch");
   return tiling;
+}
+
+// Element of channel row `row` (of the block's chunk), bin `b` (of the block's bins) in the tile.
+template <int V>
+__device__ __forceinline__ int tile_index(const Tiling& tiling, int row, int b) {
+  return row / V * static_cast<int>(tiling.lane_pitch) + row % V * static_cast<int>(tiling.bins_per_block) + b;
 }
 
 // Block index -> (RoI, bin chunk, channel chunk), channel chunks fastest so neighbouring blocks share taps.
@@ -101,16 +114,68 @@ __device__ __forceinline__ BlockWork block_work(const Tiling& tiling, int64_t nu
 }
 
 // Calls visit(tile index, output index) for every element of the block's tile that exists in the (K, C, PH, PW)
-// output; consecutive threads take consecutive bins of one channel, i.e. consecutive output addresses.
-template <typename Visit>
+// output: a warp per channel row, its lanes along the row's bins, i.e. consecutive output addresses.
+template <int V, typename Visit>
 __device__ __forceinline__ void for_each_tile_element(const BlockWork& work, const Tiling& tiling, int64_t channels,
                                                       int64_t num_bins, Visit visit) {
-  const int count = static_cast<int>(tiling.chunk_channels) * work.num_bins;
-  for (int i = threadIdx.x; i < count; i += blockDim.x) {
-    const int row = i / work.num_bins, b = i - row * work.num_bins;
-    const int64_t channel = work.first_channel + row;
-    if (channel >= channels) break;  // rows grow with i
-    visit(row * tiling.tile_stride + b, (work.roi * channels + channel) * num_bins + work.first_bin + b);
+  const int rows = static_cast<int>(min(tiling.chunk_channels, channels - work.first_channel));
+  for (int row = threadIdx.x / kWarpSize; row < rows; row += blockDim.x / kWarpSize) {
+    const int64_t first_index = (work.roi * channels + work.first_channel + row) * num_bins + work.first_bin;
+    const int first_tile_index = tile_index<V>(tiling, row, 0);
+    for (int b = threadIdx.x % kWarpSize; b < work.num_bins; b += kWarpSize) visit(first_tile_index + b, first_index + b);
+  }
+}
+
+// One level's map as the kernels address it.
+struct PlaneShape {
+  int64_t height, width, stride_h, stride_w;
+};
+
+template <typename element_t>
+__device__ __forceinline__ PlaneShape plane_shape(const LevelTable<element_t>& levels, int level) {
+  return {levels.height[level], levels.width[level], levels.stride_h[level], levels.stride_w[level]};
+}
+
+// A RoI's bins with the offsets of the samples inside a bin, tabulated in shared memory along each axis.
+template <typename acc_t>
+struct SampleGrid {
+  RoiBins<acc_t> bins;
+  const acc_t* offset_table_y;
+  const acc_t* offset_table_x;
+
+  __device__ __forceinline__ AxisTaps<acc_t> y_taps(int64_t ph, int iy, const PlaneShape& plane) const {
+    const acc_t offset = bins.grid_h <= kOffsetTable ? offset_table_y[iy]
+                                                     : sample_offset(bins.bin_height, iy, bins.grid_h);
+    return axis_taps(add_rounded(bin_start(bins.start_y, bins.bin_height, ph), offset), plane.height,
+                     plane.stride_h);
+  }
+
+  __device__ __forceinline__ AxisTaps<acc_t> x_taps(int64_t pw, int ix, const PlaneShape& plane) const {
+    const acc_t offset = bins.grid_w <= kOffsetTable ? offset_table_x[ix]
+                                                     : sample_offset(bins.bin_width, ix, bins.grid_w);
+    return axis_taps(add_rounded(bin_start(bins.start_x, bins.bin_width, pw), offset), plane.width, plane.stride_w);
+  }
+};
+
+// Fills the block's offset tables for `bins`. Every thread of the block must call it (it synchronises).
+template <typename acc_t>
+__device__ __forceinline__ SampleGrid<acc_t> sample_grid(const RoiBins<acc_t>& bins,
+                                                         acc_t (&offset_table)[2][kOffsetTable]) {
+  for (int i = threadIdx.x; i < min(bins.grid_h, kOffsetTable); i += blockDim.x)
+    offset_table[0][i] = sample_offset(bins.bin_height, i, bins.grid_h);
+  for (int i = threadIdx.x; i < min(bins.grid_w, kOffsetTable); i += blockDim.x)
+    offset_table[1][i] = sample_offset(bins.bin_width, i, bins.grid_w);
+  __syncthreads();
+  return {bins, offset_table[0], offset_table[1]};
+}
+
+// Calls visit(sample, taps) for every sample of bin (ph, pw), in the order iy * grid_w + ix that argmax holds.
+template <typename acc_t, typename Visit>
+__device__ __forceinline__ void for_each_sample(const SampleGrid<acc_t>& grid, int64_t ph, int64_t pw,
+                                                const PlaneShape& plane, Visit visit) {
+  for (int iy = 0; iy < grid.bins.grid_h; ++iy) {
+    const AxisTaps<acc_t> y = grid.y_taps(ph, iy, plane);
+    for (int ix = 0; ix < grid.bins.grid_w; ++ix) visit(iy * grid.bins.grid_w + ix, point_taps(y, grid.x_taps(pw, ix, plane)));
   }
 }
 
@@ -150,60 +215,13 @@ __device__ __forceinline__ void atomic_add_packet(double* address, const double 
   for (int v = 0; v < V; ++v) atomicAdd(address + v, values[v]);
 }
 
-// The lanes of one group: the shuffle mask (groups are aligned, power-of-two runs of lanes inside a warp).
-__device__ __forceinline__ unsigned group_mask(int group_size) {
-  if (group_size == kWarpSize) return 0xffffffffu;
-  const int first_lane = (threadIdx.x % kWarpSize) / group_size * group_size;
-  return ((1u << group_size) - 1u) << first_lane;
-}
-
-// Taps of sample `sample` (= iy * grid_w + ix, the argmax numbering) of bin (ph, pw).
-template <typename acc_t>
-__device__ __forceinline__ PointTaps<acc_t> sample_taps(const RoiBins<acc_t>& bins, int64_t ph, int64_t pw,
-                                                        int sample, int64_t height, int64_t width, int64_t stride_h,
-                                                        int64_t stride_w) {
-  const int iy = sample / bins.grid_w, ix = sample - iy * bins.grid_w;
-  return point_taps(axis_taps(sample_coordinate(bins.start_y, bins.bin_height, ph, iy, bins.grid_h), height),
-                    axis_taps(sample_coordinate(bins.start_x, bins.bin_width, pw, ix, bins.grid_w), width), stride_h,
-                    stride_w);
-}
-
-// Lane `source_lane`'s taps, for every lane of the group.
-template <typename acc_t>
-__device__ __forceinline__ PointTaps<acc_t> shuffle_taps(const PointTaps<acc_t>& taps, int source_lane,
-                                                         unsigned mask, int group_size) {
-  PointTaps<acc_t> shared;
-  shared.valid = __shfl_sync(mask, static_cast<int>(taps.valid), source_lane, group_size) != 0;
-#pragma unroll
-  for (int tap = 0; tap < 4; ++tap) {
-    shared.offset[tap] = __shfl_sync(mask, static_cast<long long>(taps.offset[tap]), source_lane, group_size);
-    shared.weight[tap] = __shfl_sync(mask, taps.weight[tap], source_lane, group_size);
-  }
-  return shared;
-}
-
-// Calls visit(sample, taps) for every sample of bin (ph, pw) in order. The geometry is the same for every lane of a
-// group and costs more instructions than a lane's loads and FMAs, so lane l computes the taps of sample first + l
-// and the group reads them back one sample at a time. Every lane of the group must call this (it shuffles).
-template <typename acc_t, typename Visit>
-__device__ __forceinline__ void for_each_sample(const RoiBins<acc_t>& bins, int64_t ph, int64_t pw, int64_t height,
-                                                int64_t width, int64_t stride_h, int64_t stride_w, int lane,
-                                                int group_size, unsigned mask, Visit visit) {
-  const int num_samples = bins.grid_h * bins.grid_w;
-  for (int first = 0; first < num_samples; first += group_size) {
-    PointTaps<acc_t> mine = {false, {0, 0, 0, 0}, {acc_t(0), acc_t(0), acc_t(0), acc_t(0)}};
-    if (first + lane < num_samples) mine = sample_taps(bins, ph, pw, first + lane, height, width, stride_h, stride_w);
-    const int count = min(group_size, num_samples - first);
-    for (int j = 0; j < count; ++j) visit(first + j, shuffle_taps(mine, j, mask, group_size));
-  }
-}
-
 template <typename scalar_t, typename acc_t, int V, bool kMaxMode>
 __global__ void __launch_bounds__(kMaxThreads)
     roi_align_forward_kernel(const LevelTable<const scalar_t> levels, const acc_t* __restrict__ rois,
                              const int64_t* __restrict__ roi_levels, const PoolParams params, const Tiling tiling,
                              scalar_t* __restrict__ out, int32_t* __restrict__ argmax) {
   extern __shared__ __align__(16) unsigned char shared_memory[];
+  __shared__ acc_t offset_table[2][kOffsetTable];
   scalar_t* value_tile = reinterpret_cast<scalar_t*>(shared_memory);
   int32_t* argmax_tile = reinterpret_cast<int32_t*>(shared_memory + tiling.value_bytes);
   const int64_t num_bins = params.pooled_height * params.pooled_width;
@@ -213,20 +231,19 @@ __global__ void __launch_bounds__(kMaxThreads)
   const int64_t channels = levels.channels;
   const int64_t lane_channel = work.first_channel + int64_t{lane} * V;  // V divides channels when V > 1
   const acc_t* roi = rois + 5 * work.roi;
-  scalar_t* lane_values = value_tile + lane * V * tiling.tile_stride;
-  int32_t* lane_argmax = argmax_tile + lane * V * tiling.tile_stride;
+  scalar_t* lane_values = value_tile + lane * tiling.lane_pitch;
+  int32_t* lane_argmax = argmax_tile + lane * tiling.lane_pitch;
 
   int level;
   int64_t batch_index;
   if (roi_source(roi, roi_levels, work.roi, levels, level, batch_index)) {  // block-uniform
-    const RoiBins<acc_t> bins = roi_bins(roi, static_cast<acc_t>(levels.spatial_scale[level]), params);
-    const acc_t count = static_cast<acc_t>(max(bins.grid_h * bins.grid_w, 1));
-    // Lanes past the last channel take part in the shuffles, reading channel 0 (in bounds); their rows of the tile
-    // are never written out.
+    const SampleGrid<acc_t> grid =
+        sample_grid(roi_bins(roi, static_cast<acc_t>(levels.spatial_scale[level]), params), offset_table);
+    const acc_t count = static_cast<acc_t>(max(grid.bins.grid_h * grid.bins.grid_w, 1));
+    // Lanes past the last channel read channel 0 (in bounds); their rows of the tile are never written out.
     const scalar_t* lane_image = levels.data[level] + batch_index * levels.stride_n[level] +
                                  (lane_channel < channels ? lane_channel : 0) * levels.stride_c[level];
-    const int64_t height = levels.height[level], width = levels.width[level];
-    const unsigned mask = group_mask(tiling.group_size);
+    const PlaneShape plane = plane_shape(levels, level);
     for (int b = group; b < work.num_bins; b += num_groups) {
       const int64_t bin = work.first_bin + b;
       const int64_t ph = bin / params.pooled_width, pw = bin - ph * params.pooled_width;
@@ -238,37 +255,36 @@ __global__ void __launch_bounds__(kMaxThreads)
         best[v] = -::cuda::std::numeric_limits<acc_t>::infinity();
         best_sample[v] = -1;
       }
-      for_each_sample(bins, ph, pw, height, width, levels.stride_h[level], levels.stride_w[level], lane,
-                      tiling.group_size, mask, [&](int sample, const PointTaps<acc_t>& taps) {
-                        interpolate_packet<V>(lane_image, taps, value);
+      for_each_sample(grid, ph, pw, plane, [&](int sample, const PointTaps<acc_t>& taps) {
+        interpolate_packet<V>(lane_image, taps, value);
 #pragma unroll
-                        for (int v = 0; v < V; ++v) {
-                          if (!kMaxMode) {
-                            sum[v] += value[v];
-                          } else if (value[v] > best[v]) {
-                            best[v] = value[v];
-                            best_sample[v] = sample;
-                          }
-                        }
-                      });
+        for (int v = 0; v < V; ++v) {
+          if (!kMaxMode) {
+            sum[v] += value[v];
+          } else if (value[v] > best[v]) {
+            best[v] = value[v];
+            best_sample[v] = sample;
+          }
+        }
+      });
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         const acc_t pooled = kMaxMode ? (best_sample[v] >= 0 ? best[v] : acc_t(0)) : sum[v] / count;
-        lane_values[v * tiling.tile_stride + b] = static_cast<scalar_t>(pooled);
-        if (kMaxMode) lane_argmax[v * tiling.tile_stride + b] = best_sample[v];
+        lane_values[v * tiling.bins_per_block + b] = static_cast<scalar_t>(pooled);
+        if (kMaxMode) lane_argmax[v * tiling.bins_per_block + b] = best_sample[v];
       }
     }
   } else {  // a RoI with a bad batch index or level pools zeros
     for (int b = group; b < work.num_bins; b += num_groups) {
 #pragma unroll
       for (int v = 0; v < V; ++v) {
-        lane_values[v * tiling.tile_stride + b] = scalar_t(0);
-        if (kMaxMode) lane_argmax[v * tiling.tile_stride + b] = -1;
+        lane_values[v * tiling.bins_per_block + b] = scalar_t(0);
+        if (kMaxMode) lane_argmax[v * tiling.bins_per_block + b] = -1;
       }
     }
   }
   __syncthreads();
-  for_each_tile_element(work, tiling, channels, num_bins, [&](int64_t tile_index, int64_t index) {
+  for_each_tile_element<V>(work, tiling, channels, num_bins, [&](int tile_index, int64_t index) {
     out[index] = value_tile[tile_index];
     if (kMaxMode) argmax[index] = argmax_tile[tile_index];
   });
@@ -281,6 +297,7 @@ __global__ void __launch_bounds__(kMaxThreads)
                               const int64_t* __restrict__ roi_levels, const PoolParams params, const Tiling tiling,
                               const scalar_t* __restrict__ grad_output, const int32_t* __restrict__ argmax) {
   extern __shared__ __align__(16) unsigned char shared_memory[];
+  __shared__ acc_t offset_table[2][kOffsetTable];
   scalar_t* gradient_tile = reinterpret_cast<scalar_t*>(shared_memory);
   int32_t* argmax_tile = reinterpret_cast<int32_t*>(shared_memory + tiling.value_bytes);
   const int64_t num_bins = params.pooled_height * params.pooled_width;
@@ -294,37 +311,35 @@ __global__ void __launch_bounds__(kMaxThreads)
   int64_t batch_index;
   if (!roi_source(roi, roi_levels, work.roi, grads, level, batch_index)) return;  // block-uniform
 
-  for_each_tile_element(work, tiling, channels, num_bins, [&](int64_t tile_index, int64_t index) {
+  const SampleGrid<acc_t> grid =
+      sample_grid(roi_bins(roi, static_cast<acc_t>(grads.spatial_scale[level]), params), offset_table);
+  for_each_tile_element<V>(work, tiling, channels, num_bins, [&](int tile_index, int64_t index) {
     gradient_tile[tile_index] = grad_output[index];
     if (kMaxMode) argmax_tile[tile_index] = argmax[index];
   });
   __syncthreads();
 
   const int64_t lane_channel = work.first_channel + int64_t{lane} * V;
-  // Lanes past the last channel take part in the shuffles but add nothing.
-  const bool lane_active = lane_channel < channels;
-  const RoiBins<acc_t> bins = roi_bins(roi, static_cast<acc_t>(grads.spatial_scale[level]), params);
-  const int num_samples = bins.grid_h * bins.grid_w;
+  if (lane_channel >= channels) return;  // no shuffles or barriers below
+  const int num_samples = grid.bins.grid_h * grid.bins.grid_w;
   const acc_t count = static_cast<acc_t>(max(num_samples, 1));
-  acc_t* lane_image = grads.data[level] + batch_index * grads.stride_n[level] +
-                      (lane_active ? lane_channel : 0) * grads.stride_c[level];
-  const int64_t height = grads.height[level], width = grads.width[level];
-  const int64_t stride_h = grads.stride_h[level], stride_w = grads.stride_w[level];
-  const unsigned mask = group_mask(tiling.group_size);
-  const scalar_t* lane_gradients = gradient_tile + lane * V * tiling.tile_stride;
-  const int32_t* lane_argmax = argmax_tile + lane * V * tiling.tile_stride;
+  acc_t* lane_image = grads.data[level] + batch_index * grads.stride_n[level] + lane_channel * grads.stride_c[level];
+  const PlaneShape plane = plane_shape(grads, level);
+  const scalar_t* lane_gradients = gradient_tile + lane * tiling.lane_pitch;
+  const int32_t* lane_argmax = argmax_tile + lane * tiling.lane_pitch;
   for (int b = group; b < work.num_bins; b += num_groups) {
     const int64_t bin = work.first_bin + b;
     const int64_t ph = bin / params.pooled_width, pw = bin - ph * params.pooled_width;
     if (kMaxMode) {  // each channel sends its gradient to its own best sample
-      if (!lane_active) continue;
 #pragma unroll
       for (int v = 0; v < V; ++v) {
-        const int32_t best_sample = lane_argmax[v * tiling.tile_stride + b];
+        const int32_t best_sample = lane_argmax[v * tiling.bins_per_block + b];
         if (best_sample < 0 || best_sample >= num_samples) continue;
-        const PointTaps<acc_t> taps = sample_taps(bins, ph, pw, best_sample, height, width, stride_h, stride_w);
+        const int iy = best_sample / grid.bins.grid_w;
+        const PointTaps<acc_t> taps =
+            point_taps(grid.y_taps(ph, iy, plane), grid.x_taps(pw, best_sample - iy * grid.bins.grid_w, plane));
         if (!taps.valid) continue;
-        const acc_t gradient = static_cast<acc_t>(lane_gradients[v * tiling.tile_stride + b]);
+        const acc_t gradient = static_cast<acc_t>(lane_gradients[v * tiling.bins_per_block + b]);
 #pragma unroll
         for (int tap = 0; tap < 4; ++tap) atomicAdd(lane_image + taps.offset[tap] + v, taps.weight[tap] * gradient);
       }
@@ -332,17 +347,16 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
     acc_t share[V], contribution[V];
 #pragma unroll
-    for (int v = 0; v < V; ++v) share[v] = static_cast<acc_t>(lane_gradients[v * tiling.tile_stride + b]) / count;
-    for_each_sample(bins, ph, pw, height, width, stride_h, stride_w, lane, tiling.group_size, mask,
-                    [&](int, const PointTaps<acc_t>& taps) {
-                      if (!taps.valid || !lane_active) return;
+    for (int v = 0; v < V; ++v) share[v] = static_cast<acc_t>(lane_gradients[v * tiling.bins_per_block + b]) / count;
+    for_each_sample(grid, ph, pw, plane, [&](int, const PointTaps<acc_t>& taps) {
+      if (!taps.valid) return;
 #pragma unroll
-                      for (int tap = 0; tap < 4; ++tap) {
+      for (int tap = 0; tap < 4; ++tap) {
 #pragma unroll
-                        for (int v = 0; v < V; ++v) contribution[v] = taps.weight[tap] * share[v];
-                        atomic_add_packet<V>(lane_image + taps.offset[tap], contribution);
-                      }
-                    });
+        for (int v = 0; v < V; ++v) contribution[v] = taps.weight[tap] * share[v];
+        atomic_add_packet<V>(lane_image + taps.offset[tap], contribution);
+      }
+    });
   }
 }
 
@@ -393,34 +407,112 @@ at::Tensor relayout(const at::Tensor& map, at::ScalarType out_dtype, at::MemoryF
   return out;
 }
 
-// The batch-index check without stalling the GPU: the index range is copied to pinned memory ahead of the pooling
-// kernel, and the host waits for that copy only once the kernel is queued behind it. A bad index pools zeros in
-// the meantime (the kernel never reads outside the maps), and the call raises. Skipped under graph capture.
-class DeferredBatchCheck {
- public:
-  DeferredBatchCheck(const at::Tensor& rois, cudaStream_t stream) {
-    if (rois.size(0) == 0 || capturing_graph()) return;
-    const at::Tensor range = batch_index_range(rois);
-    range_ = at::empty(range.sizes(), range.options().device(at::kCPU).pinned_memory(true));
-    range_.copy_(range, /*non_blocking=*/true);
-    C10_CUDA_CHECK(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
-    C10_CUDA_CHECK(cudaEventRecord(copied_, stream));
+constexpr int kPrepareThreads = 256;
+
+// NaN-propagating min and max, for the batch-index range.
+template <typename T>
+__device__ __forceinline__ T lowest_of(T a, T b) {
+  return a != a || a < b ? a : b;
+}
+
+template <typename T>
+__device__ __forceinline__ T highest_of(T a, T b) {
+  return a != a || a > b ? a : b;
+}
+
+// rois (K, 5) of any strides -> contiguous (K, 5) in the accumulation type, a RoI per thread. Unless block_ranges
+// is null, block b also writes the lowest and highest batch index of its RoIs to block_ranges[2b] and [2b + 1]
+// (NaN if one is NaN).
+template <typename roi_t, typename acc_t>
+__global__ void __launch_bounds__(kPrepareThreads)
+    prepare_rois_kernel(const roi_t* __restrict__ rois, int64_t num_rois, int64_t stride_k, int64_t stride_j,
+                        acc_t* __restrict__ out, acc_t* __restrict__ block_ranges) {
+  const int64_t k = static_cast<int64_t>(blockIdx.x) * kPrepareThreads + threadIdx.x;
+  acc_t lowest = ::cuda::std::numeric_limits<acc_t>::infinity(), highest = -lowest;
+  if (k < num_rois) {
+#pragma unroll
+    for (int j = 0; j < 5; ++j) out[5 * k + j] = static_cast<acc_t>(rois[k * stride_k + j * stride_j]);
+    lowest = highest = out[5 * k];
   }
-  DeferredBatchCheck(const DeferredBatchCheck&) = delete;
-  DeferredBatchCheck& operator=(const DeferredBatchCheck&) = delete;
-  ~DeferredBatchCheck() {
-    if (copied_ != nullptr) C10_CUDA_CHECK_WARN(cudaEventDestroy(copied_));
+  if (block_ranges == nullptr) return;
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    lowest = lowest_of(lowest, __shfl_down_sync(0xffffffffu, lowest, offset));
+    highest = highest_of(highest, __shfl_down_sync(0xffffffffu, highest, offset));
+  }
+  __shared__ acc_t warp_ranges[kPrepareThreads / kWarpSize][2];
+  const int warp = threadIdx.x / kWarpSize;
+  if (threadIdx.x % kWarpSize == 0) warp_ranges[warp][0] = lowest, warp_ranges[warp][1] = highest;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  for (int w = 1; w < kPrepareThreads / kWarpSize; ++w) {
+    lowest = lowest_of(lowest, warp_ranges[w][0]);
+    highest = highest_of(highest, warp_ranges[w][1]);
+  }
+  block_ranges[2 * blockIdx.x] = lowest;
+  block_ranges[2 * blockIdx.x + 1] = highest;
+}
+
+// The rois as the kernels read them (contiguous, accumulation type), readied in one launch that also checks their
+// batch indices without stalling the GPU: it writes each block's index range to pinned host memory, and finish()
+// waits for that launch only once the pooling kernel is queued behind it. A bad index pools zeros in the meantime
+// (the kernels never read outside the maps), then finish() raises. Not checked under CUDA graph capture.
+class PreparedRois {
+ public:
+  PreparedRois(const at::Tensor& rois, bool check_batch_indices, cudaStream_t stream) {
+    const int64_t num_rois = rois.size(0);
+    const at::ScalarType acc_dtype = accumulation_dtype(rois.scalar_type());
+    check_batch_indices = check_batch_indices && num_rois > 0 && !capturing_graph();
+    if (!check_batch_indices && rois.scalar_type() == acc_dtype && rois.is_contiguous()) {
+      rois_ = rois;
+      return;
+    }
+    rois_ = at::empty({num_rois, 5}, rois.options().dtype(acc_dtype));
+    if (num_rois == 0) return;
+    const int64_t blocks = (num_rois + kPrepareThreads - 1) / kPrepareThreads;
+    void* device_ranges = nullptr;
+    if (check_batch_indices) {
+      ranges_ = at::empty({blocks, 2}, at::TensorOptions(acc_dtype).pinned_memory(true));
+      C10_CUDA_CHECK(cudaHostGetDevicePointer(&device_ranges, ranges_.mutable_data_ptr(), 0));
+    }
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, rois.scalar_type(), "prepare_rois", [&] {
+      using acc_t = at::opmath_type<scalar_t>;  // float64 rois come only with float64 features
+      prepare_rois_kernel<scalar_t, acc_t><<<blocks, kPrepareThreads, 0, stream>>>(
+          rois.const_data_ptr<scalar_t>(), num_rois, rois.stride(0), rois.stride(1), rois_.mutable_data_ptr<acc_t>(),
+          static_cast<acc_t*>(device_ranges));
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+    if (device_ranges == nullptr) return;
+    C10_CUDA_CHECK(cudaEventCreateWithFlags(&written_, cudaEventDisableTiming));
+    C10_CUDA_CHECK(cudaEventRecord(written_, stream));
+  }
+  PreparedRois(const PreparedRois&) = delete;
+  PreparedRois& operator=(const PreparedRois&) = delete;
+  ~PreparedRois() {
+    if (written_ == nullptr) return;
+    // On an early exit, the GPU may still be writing the pinned ranges: wait before they are freed.
+    C10_CUDA_CHECK_WARN(cudaEventSynchronize(written_));
+    C10_CUDA_CHECK_WARN(cudaEventDestroy(written_));
   }
 
+  const at::Tensor& rois() const { return rois_; }
+
+  // Raises unless every batch index lies in [0, batch).
   void finish(const char* op, int64_t batch) {
-    if (copied_ == nullptr) return;
-    C10_CUDA_CHECK(cudaEventSynchronize(copied_));
-    check_batch_index_range(op, range_, batch);
+    if (written_ == nullptr) return;
+    C10_CUDA_CHECK(cudaEventSynchronize(written_));
+    const at::Tensor ranges = ranges_.to(at::kDouble);
+    const double* values = ranges.const_data_ptr<double>();
+    double lowest = values[0], highest = values[1];
+    for (int64_t i = 1; i < ranges.size(0); ++i) {  // NaN propagates, as in the kernel
+      lowest = std::isnan(lowest) || lowest < values[2 * i] ? lowest : values[2 * i];
+      highest = std::isnan(highest) || highest > values[2 * i + 1] ? highest : values[2 * i + 1];
+    }
+    check_batch_index_range(op, lowest, highest, batch);
   }
 
  private:
-  at::Tensor range_;
-  cudaEvent_t copied_ = nullptr;
+  at::Tensor rois_, ranges_;
+  cudaEvent_t written_ = nullptr;
 };
 
 // Widest packet (at most 16 bytes) that every level allows: channels-last maps whose channels, strides and base
@@ -474,11 +566,11 @@ std::tuple<at::Tensor, at::Tensor> multiscale_forward_cuda(at::TensorList featur
   const at::Tensor& first = features[0];
   const int64_t num_rois = rois.size(0), channels = first.size(1);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  DeferredBatchCheck batch_check(rois, stream);
+  PreparedRois prepared(rois, /*check_batch_indices=*/true, stream);
   at::Tensor out = at::empty({num_rois, channels, pooled_height, pooled_width}, first.options());
   at::Tensor argmax = at::empty(max_mode ? out.sizes() : at::IntArrayRef{0}, first.options().dtype(at::kInt));
   if (out.numel() == 0) {
-    batch_check.finish("roi_align", first.size(0));
+    prepared.finish("roi_align", first.size(0));
     return {out, argmax};
   }
 
@@ -500,13 +592,13 @@ std::tuple<at::Tensor, at::Tensor> multiscale_forward_cuda(at::TensorList featur
                                    : roi_align_forward_kernel<scalar_t, acc_t, V, false>;
       allow_shared_memory(kernel, tiling.shared_bytes);
       kernel<<<tiling.blocks, tiling.threads, tiling.shared_bytes, stream>>>(
-          level_table<const scalar_t>(channels_last, spatial_scales), args.rois.const_data_ptr<acc_t>(),
+          level_table<const scalar_t>(channels_last, spatial_scales), prepared.rois().const_data_ptr<acc_t>(),
           levels_or_null(args.roi_levels), args.params, tiling, out.mutable_data_ptr<scalar_t>(),
           max_mode ? argmax.mutable_data_ptr<int32_t>() : nullptr);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
-  batch_check.finish("roi_align", first.size(0));
+  prepared.finish("roi_align", first.size(0));
   return {out, argmax};
 }
 
@@ -531,6 +623,7 @@ std::vector<at::Tensor> multiscale_backward_cuda(const at::Tensor& grad_output, 
     const at::Tensor argmax_contiguous = max_mode ? argmax.contiguous() : argmax;
     const int64_t channels = grad_output.size(1), num_bins = grad_output.size(2) * grad_output.size(3);
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+    const PreparedRois prepared(rois, /*check_batch_indices=*/false, stream);
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "roi_align_backward_cuda", [&] {
       using acc_t = at::opmath_type<scalar_t>;
       with_packet_width<acc_t>(packet_width<acc_t>(buffers), [&](auto packet) {
@@ -540,7 +633,7 @@ std::vector<at::Tensor> multiscale_backward_cuda(const at::Tensor& grad_output, 
                                      : roi_align_backward_kernel<scalar_t, acc_t, V, false>;
         allow_shared_memory(kernel, tiling.shared_bytes);
         kernel<<<tiling.blocks, tiling.threads, tiling.shared_bytes, stream>>>(
-            level_table<acc_t>(buffers, spatial_scales), args.rois.const_data_ptr<acc_t>(),
+            level_table<acc_t>(buffers, spatial_scales), prepared.rois().const_data_ptr<acc_t>(),
             levels_or_null(args.roi_levels), args.params, tiling, grad_contiguous.const_data_ptr<scalar_t>(),
             max_mode ? argmax_contiguous.const_data_ptr<int32_t>() : nullptr);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
