@@ -180,6 +180,48 @@ def test_list_of_boxes_and_module(generator):
     assert "pool_mode='max'" in repr(module)
 
 
+def per_image_batch_index(boxes):
+    """boxes_to_rois' batch-index column the obvious way: one torch.full per image."""
+    return torch.cat([torch.full((len(b), 1), i, dtype=b.dtype, device=b.device) for i, b in enumerate(boxes)])
+
+
+@pytest.mark.parametrize("device", devices())
+def test_boxes_to_rois(generator, device):
+    boxes = [torch.rand(n, 4, generator=generator).to(device) * 100 for n in (3, 0, 5, 1)]
+    rois = boxes_to_rois(boxes)
+    assert rois.device == boxes[0].device and rois.dtype == torch.float32
+    assert torch.equal(rois, torch.cat((per_image_batch_index(boxes), torch.cat(boxes)), 1))
+    assert rois[:, 0].tolist() == [0, 0, 0, 2, 2, 2, 2, 2, 3]
+    for dtype in (torch.float64, torch.float16, torch.bfloat16):
+        typed = [b.to(dtype) for b in boxes]
+        assert torch.equal(boxes_to_rois(typed), torch.cat((per_image_batch_index(typed), torch.cat(typed)), 1))
+    assert boxes_to_rois([boxes[1]]).shape == (0, 5)
+    assert boxes_to_rois(iter(boxes)).shape == (9, 5)  # any iterable of tensors
+    assert boxes_to_rois(rois) is rois
+    leaf = boxes[0].clone().requires_grad_(True)
+    boxes_to_rois([leaf, leaf * 2]).sum().backward()
+    assert leaf.grad.tolist() == [[3.0] * 4] * 3
+    with pytest.raises(ValueError, match="empty list"):
+        boxes_to_rois([])
+    with pytest.raises(ValueError, match=r"image 1 boxes must be \(L, 4\) x1, y1, x2, y2, got \(2, 5\)"):
+        boxes_to_rois([boxes[0], torch.zeros(2, 5, device=device)])
+    with pytest.raises(ValueError, match=r"image 0 boxes must be \(L, 4\)"):
+        boxes_to_rois([torch.zeros(4, device=device)])
+
+
+@pytest.mark.cuda
+def test_boxes_to_rois_under_graph_capture(generator):
+    """A copy from the host cannot be captured: under capture the batch-index column is filled on the device."""
+    boxes = [torch.rand(n, 4, generator=generator).cuda() for n in (2, 0, 3)]
+    expected = boxes_to_rois(boxes)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        rois = boxes_to_rois(boxes)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(rois, expected)
+
+
 @pytest.mark.parametrize("device", devices())
 def test_bad_input(generator, device):
     x = features(generator, (2, 3, 8, 8), torch.float32, device)
