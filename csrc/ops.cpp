@@ -22,6 +22,12 @@ TORCH_LIBRARY(yolo_fastdetect, m) {
   m.def(
       "roi_align_backward(Tensor grad_output, Tensor rois, Tensor argmax, SymInt[] input_shape, "
       "float spatial_scale, int sampling_ratio, bool aligned, bool max_mode) -> Tensor");
+  // FPN level of each RoI of rois (K, 5) (torchvision's LevelMapper): floor(canonical_level +
+  // log2(sqrt(area) / canonical_size) + eps) clamped to [lowest_level, lowest_level + num_levels), minus
+  // lowest_level, as int64 (K,); -1 where the area is NaN or negative. Computed from area thresholds, no log2.
+  m.def(
+      "fpn_levels(Tensor rois, int lowest_level, int num_levels, float canonical_size, int canonical_level, "
+      "float eps) -> Tensor");
   // Multi-level RoIAlign in one pass: RoI k is pooled from features[roi_levels[k]] with that level's
   // spatial scale (levels share N and C). A level or batch index out of range pools zeros.
   m.def(

@@ -2,8 +2,8 @@
 
 Each RoI is pooled from the one level that fits its size, by the FPN rule (Lin et al. 2017, eq. 1, as
 ``torchvision.ops.MultiScaleRoIAlign``): ``level = floor(k0 + log2(sqrt(w * h) / canonical_size))`` clamped to the
-available levels. The per-RoI level table is computed on the device, then one kernel launch pools every RoI from
-its level (torchvision loops over the levels with one gather, one roi_align and one scatter each).
+available levels. The per-RoI level table is computed on the device in one kernel launch, then one more pools every
+RoI from its level (torchvision loops over the levels with one gather, one roi_align and one scatter each).
 """
 
 from __future__ import annotations
@@ -38,14 +38,16 @@ def fpn_levels(
     """Pyramid level (index into ``strides``) of each RoI of ``rois`` (K, 5), as an int64 ``(K,)`` tensor.
 
     ``canonical_size`` pixels map to level ``canonical_level`` (stride ``2 ** canonical_level``); each doubling of
-    ``sqrt(area)`` moves one level up. Same arithmetic as torchvision's ``LevelMapper``, so both pick the same level.
+    ``sqrt(area)`` moves one level up. The rule of torchvision's ``LevelMapper``, evaluated in one kernel launch
+    (``yolo_fastdetect::fpn_levels``) from area thresholds computed in float64, so the CPU and CUDA agree bit for
+    bit and torchvision picks the same level except within float rounding of a level boundary. A RoI with a NaN
+    or negative area (one side inverted) gets -1, which :func:`multiscale_roi_align` pools as zeros.
     """
     strides = _check_strides(strides)
-    lowest, highest = round(math.log2(strides[0])), round(math.log2(strides[-1]))
-    boxes = rois[:, 1:]
-    size = torch.sqrt((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1]))
-    level = torch.floor(canonical_level + torch.log2(size / canonical_size) + torch.tensor(eps, dtype=size.dtype))
-    return (level.clamp(min=lowest, max=highest).to(torch.int64) - lowest).to(torch.int64)
+    require()
+    return torch.ops.yolo_fastdetect.fpn_levels(
+        rois, round(math.log2(strides[0])), len(strides), float(canonical_size), int(canonical_level), float(eps)
+    )
 
 
 def multiscale_roi_align(
@@ -134,6 +136,11 @@ class MultiScaleRoIAlign(nn.Module):
 # Fake kernels and autograd ---------------------------------------------------------------------------------------
 
 
+def _fpn_levels_fake(rois, lowest_level, num_levels, canonical_size, canonical_level, eps):
+    torch._check(rois.dim() == 2 and rois.shape[1] == 5, lambda: "rois must be (K, 5)")
+    return rois.new_empty((rois.shape[0],), dtype=torch.int64)
+
+
 def _multiscale_fake(features, rois, roi_levels, pooled_height, pooled_width, spatial_scales, sampling_ratio,
                      aligned, max_mode):
     return _pooled_fake(features[0], rois, pooled_height, pooled_width, max_mode)
@@ -163,6 +170,7 @@ def _multiscale_backward(ctx, grad_output, _grad_argmax):
 
 @on_load
 def _register() -> None:
+    torch.library.register_fake("yolo_fastdetect::fpn_levels")(_fpn_levels_fake)
     torch.library.register_fake("yolo_fastdetect::multiscale_roi_align")(_multiscale_fake)
     torch.library.register_fake("yolo_fastdetect::multiscale_roi_align_backward")(_multiscale_backward_fake)
     torch.library.register_autograd(

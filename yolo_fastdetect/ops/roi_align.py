@@ -38,20 +38,30 @@ def _is_max_mode(pool_mode: str) -> bool:
 def boxes_to_rois(rois: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
     """``(K, 5)`` ``[batch_index, x1, y1, x2, y2]`` rois from a list of per-image ``(L, 4)`` boxes (a tensor passes).
 
-    Image ``i`` of the list gets batch index ``i``; an image may have no boxes.
+    Image ``i`` of the list gets batch index ``i``; an image may have no boxes. Two device kernels whatever the
+    number of images (one concatenation of the boxes, one with the batch-index column) and one host-to-device
+    copy: the index column is built on the host from the list's lengths, without waiting for the device. Under
+    CUDA graph capture, where a copy from the host cannot be recorded, the column is filled on the device instead,
+    image by image.
     """
     if isinstance(rois, torch.Tensor):
         return rois
-    boxes = list(rois)
-    if not boxes:
+    image_boxes = list(rois)
+    if not image_boxes:
         raise ValueError("rois: an empty list has no dtype or device; pass a (0, 5) tensor instead")
-    for index, image_boxes in enumerate(boxes):
-        if image_boxes.dim() != 2 or image_boxes.shape[1] != 4:
-            raise ValueError(f"rois: image {index} boxes must be (L, 4) x1, y1, x2, y2, got {tuple(image_boxes.shape)}")
-    batch_index = torch.cat(
-        [torch.full((len(b), 1), i, dtype=b.dtype, device=b.device) for i, b in enumerate(boxes)]
-    )
-    return torch.cat((batch_index, torch.cat(boxes)), 1)
+    for index, per_image in enumerate(image_boxes):
+        if per_image.dim() != 2 or per_image.shape[1] != 4:
+            raise ValueError(f"rois: image {index} boxes must be (L, 4) x1, y1, x2, y2, got {tuple(per_image.shape)}")
+    boxes = torch.cat(image_boxes)
+    if boxes.is_cuda and torch.cuda.is_current_stream_capturing():
+        batch_index = torch.cat(
+            [torch.full((len(b),), i, dtype=boxes.dtype, device=boxes.device) for i, b in enumerate(image_boxes)]
+        )
+    else:
+        # [0] * L_0 + [1] * L_1 + ...: repeat_interleave of the counts alone repeats each count's position.
+        batch_index = torch.repeat_interleave(torch.tensor([len(b) for b in image_boxes])).to(boxes.dtype)
+        batch_index = batch_index.to(boxes.device, non_blocking=True)
+    return torch.cat((batch_index[:, None], boxes), 1)
 
 
 def roi_align(
