@@ -90,22 +90,11 @@ YFD_HOST_DEVICE RoiBins<acc_t> roi_bins(const acc_t* roi, acc_t spatial_scale, c
   return bins;
 }
 
-// A sample's coordinate along one axis is the start of its bin plus its offset inside the bin. The offset of
-// sample i (of `grid`) does not depend on the bin, so the GPU kernels tabulate it once per RoI (it holds the
-// costliest step, a division).
-template <typename acc_t>
-YFD_HOST_DEVICE acc_t bin_start(acc_t start, acc_t bin_size, int64_t bin) {
-  return add_rounded(start, mul_rounded(static_cast<acc_t>(bin), bin_size));
-}
-
-template <typename acc_t>
-YFD_HOST_DEVICE acc_t sample_offset(acc_t bin_size, int i, int grid) {
-  return mul_rounded(static_cast<acc_t>(i + acc_t(0.5)), bin_size) / static_cast<acc_t>(grid);
-}
-
+// Coordinate of sample `i` (of `grid`) inside bin `bin` along one axis.
 template <typename acc_t>
 YFD_HOST_DEVICE acc_t sample_coordinate(acc_t start, acc_t bin_size, int64_t bin, int i, int grid) {
-  return add_rounded(bin_start(start, bin_size, bin), sample_offset(bin_size, i, grid));
+  const acc_t bin_start = add_rounded(start, mul_rounded(static_cast<acc_t>(bin), bin_size));
+  return add_rounded(bin_start, mul_rounded(static_cast<acc_t>(i + acc_t(0.5)), bin_size) / static_cast<acc_t>(grid));
 }
 
 // Bilinear interpolation along one axis: the element offsets (index * stride) of the two neighbouring rows (or

@@ -32,6 +32,10 @@ PoolParams pool_params(const char* op, int64_t pooled_height, int64_t pooled_wid
                        bool aligned, bool max_mode) {
   TORCH_CHECK_VALUE(pooled_height > 0 && pooled_width > 0, op, ": output_size must be positive, got (",
                     text(pooled_height), ", ", text(pooled_width), ")");
+  // The CUDA kernels count bins in 32 bits.
+  TORCH_CHECK_VALUE(pooled_height <= std::numeric_limits<int32_t>::max() / pooled_width, op,
+                    ": output_size must have fewer than 2^31 bins, got (", text(pooled_height), ", ",
+                    text(pooled_width), ")");
   // The max-mode argmax stores iy * grid_w + ix in int32.
   TORCH_CHECK_VALUE(sampling_ratio <= (1 << 15), op, ": sampling_ratio must be at most 32768, got ",
                     text(sampling_ratio));

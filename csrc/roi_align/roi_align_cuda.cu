@@ -3,9 +3,8 @@
 // Work split: a block owns one RoI, a chunk of its output bins and a chunk of channels. Its threads form groups of
 // `group_size` lanes (up to a warp); a group pools one bin at a time and each lane owns a packet of V consecutive
 // channels. On channels-last (NHWC) features a bilinear tap is then one V-wide vector load per lane (16 bytes),
-// coalesced across the group. Each lane computes the sample geometry (the same for the whole group) itself: a few
-// dozen arithmetic instructions per sample cost less than sharing it, and the one division in it, the offset of a
-// sample inside its bin, is tabulated once per block in shared memory. The launcher hands the kernels NHWC
+// coalesced across the group. The sample geometry is the same for every channel: the block tabulates the axis taps
+// of its RoI's samples once in shared memory and every lane reads them back. The launcher hands the kernels NHWC
 // features (converting NCHW ones with a tiled transpose) and accumulates gradients in an NHWC buffer, where the
 // backward pass adds a packet with vector atomics (float4 on sm_90). The (K, C, PH, PW) output is staged through
 // shared memory so that each block writes (and, backward, reads) whole runs of consecutive bins.
@@ -34,9 +33,6 @@ constexpr int kMaxThreads = 256;
 constexpr int kWarpSize = 32;
 // Shared memory for one block's output tile; above 48 KiB a kernel must opt in, which the launcher does.
 constexpr int64_t kMaxTileBytes = 80 * 1024;
-// Sample offsets are tabulated for grids of up to this many samples a side (adaptive grids are ceil(bin size),
-// rarely above 10); a larger sampling_ratio computes each offset where it is used.
-constexpr int kOffsetTable = 64;
 
 // V elements loaded or stored as one aligned vector.
 template <typename T, int V>
@@ -94,22 +90,25 @@ __device__ __forceinline__ int tile_index(const Tiling& tiling, int row, int b) 
 }
 
 // Block index -> (RoI, bin chunk, channel chunk), channel chunks fastest so neighbouring blocks share taps.
+// 32-bit arithmetic: the launcher keeps blocks, bins and channels below 2^31.
 struct BlockWork {
   int64_t roi;
-  int64_t first_bin;
+  int first_bin;
   int num_bins;  // bins of this chunk
   int64_t first_channel;
 };
 
-__device__ __forceinline__ BlockWork block_work(const Tiling& tiling, int64_t num_bins) {
-  const int64_t block = blockIdx.x;
+__device__ __forceinline__ BlockWork block_work(const Tiling& tiling, int num_bins) {
+  const int block = blockIdx.x;
+  const int channel_chunks = static_cast<int>(tiling.channel_chunks), bin_chunks = static_cast<int>(tiling.bin_chunks);
+  const int bins_per_block = static_cast<int>(tiling.bins_per_block);
   BlockWork work;
-  const int64_t channel_chunk = block % tiling.channel_chunks;
-  const int64_t bin_chunk = (block / tiling.channel_chunks) % tiling.bin_chunks;
-  work.roi = block / (tiling.channel_chunks * tiling.bin_chunks);
-  work.first_bin = bin_chunk * tiling.bins_per_block;
-  work.num_bins = static_cast<int>(min(tiling.bins_per_block, num_bins - work.first_bin));
-  work.first_channel = channel_chunk * tiling.chunk_channels;
+  const int channel_chunk = block % channel_chunks;
+  const int bin_chunk = block / channel_chunks % bin_chunks;
+  work.roi = block / (channel_chunks * bin_chunks);
+  work.first_bin = bin_chunk * bins_per_block;
+  work.num_bins = min(bins_per_block, num_bins - work.first_bin);
+  work.first_channel = int64_t{channel_chunk} * tiling.chunk_channels;
   return work;
 }
 
@@ -136,46 +135,64 @@ __device__ __forceinline__ PlaneShape plane_shape(const LevelTable<element_t>& l
   return {levels.height[level], levels.width[level], levels.stride_h[level], levels.stride_w[level]};
 }
 
-// A RoI's bins with the offsets of the samples inside a bin, tabulated in shared memory along each axis.
+// A RoI's sampling grid on its level. The axis taps of its samples (bin * grid + i along each axis) are tabulated
+// once per block in shared memory, so that a lane's work per sample is two table reads, four loads and the FMAs;
+// a grid too large for the tables (a large sampling_ratio, or the adaptive grid of a huge RoI) computes each tap
+// where it is used.
+constexpr int kTapTable = 128;
+
 template <typename acc_t>
 struct SampleGrid {
   RoiBins<acc_t> bins;
-  const acc_t* offset_table_y;
-  const acc_t* offset_table_x;
+  PlaneShape plane;
+  const AxisTaps<acc_t>* y_table;  // null when not tabulated
+  const AxisTaps<acc_t>* x_table;
 
-  __device__ __forceinline__ AxisTaps<acc_t> y_taps(int64_t ph, int iy, const PlaneShape& plane) const {
-    const acc_t offset = bins.grid_h <= kOffsetTable ? offset_table_y[iy]
-                                                     : sample_offset(bins.bin_height, iy, bins.grid_h);
-    return axis_taps(add_rounded(bin_start(bins.start_y, bins.bin_height, ph), offset), plane.height,
+  __device__ __forceinline__ AxisTaps<acc_t> compute_y(int ph, int iy) const {
+    return axis_taps(sample_coordinate(bins.start_y, bins.bin_height, ph, iy, bins.grid_h), plane.height,
                      plane.stride_h);
   }
 
-  __device__ __forceinline__ AxisTaps<acc_t> x_taps(int64_t pw, int ix, const PlaneShape& plane) const {
-    const acc_t offset = bins.grid_w <= kOffsetTable ? offset_table_x[ix]
-                                                     : sample_offset(bins.bin_width, ix, bins.grid_w);
-    return axis_taps(add_rounded(bin_start(bins.start_x, bins.bin_width, pw), offset), plane.width, plane.stride_w);
+  __device__ __forceinline__ AxisTaps<acc_t> compute_x(int pw, int ix) const {
+    return axis_taps(sample_coordinate(bins.start_x, bins.bin_width, pw, ix, bins.grid_w), plane.width,
+                     plane.stride_w);
+  }
+
+  __device__ __forceinline__ AxisTaps<acc_t> y_taps(int ph, int iy) const {
+    return y_table != nullptr ? y_table[ph * bins.grid_h + iy] : compute_y(ph, iy);
+  }
+
+  __device__ __forceinline__ AxisTaps<acc_t> x_taps(int pw, int ix) const {
+    return x_table != nullptr ? x_table[pw * bins.grid_w + ix] : compute_x(pw, ix);
   }
 };
 
-// Fills the block's offset tables for `bins`. Every thread of the block must call it (it synchronises).
+// Fills the block's tap tables. Every thread of the block must call it (it synchronises).
 template <typename acc_t>
-__device__ __forceinline__ SampleGrid<acc_t> sample_grid(const RoiBins<acc_t>& bins,
-                                                         acc_t (&offset_table)[2][kOffsetTable]) {
-  for (int i = threadIdx.x; i < min(bins.grid_h, kOffsetTable); i += blockDim.x)
-    offset_table[0][i] = sample_offset(bins.bin_height, i, bins.grid_h);
-  for (int i = threadIdx.x; i < min(bins.grid_w, kOffsetTable); i += blockDim.x)
-    offset_table[1][i] = sample_offset(bins.bin_width, i, bins.grid_w);
+__device__ __forceinline__ SampleGrid<acc_t> sample_grid(const RoiBins<acc_t>& bins, const PlaneShape& plane,
+                                                         const PoolParams& params,
+                                                         AxisTaps<acc_t> (&tables)[2][kTapTable]) {
+  SampleGrid<acc_t> grid{bins, plane, nullptr, nullptr};
+  const int y_entries = static_cast<int>(params.pooled_height) * bins.grid_h;
+  const int x_entries = static_cast<int>(params.pooled_width) * bins.grid_w;
+  if (y_entries <= kTapTable) {
+    for (int i = threadIdx.x; i < y_entries; i += blockDim.x) tables[0][i] = grid.compute_y(i / bins.grid_h, i % bins.grid_h);
+    grid.y_table = tables[0];
+  }
+  if (x_entries <= kTapTable) {
+    for (int i = threadIdx.x; i < x_entries; i += blockDim.x) tables[1][i] = grid.compute_x(i / bins.grid_w, i % bins.grid_w);
+    grid.x_table = tables[1];
+  }
   __syncthreads();
-  return {bins, offset_table[0], offset_table[1]};
+  return grid;
 }
 
 // Calls visit(sample, taps) for every sample of bin (ph, pw), in the order iy * grid_w + ix that argmax holds.
 template <typename acc_t, typename Visit>
-__device__ __forceinline__ void for_each_sample(const SampleGrid<acc_t>& grid, int64_t ph, int64_t pw,
-                                                const PlaneShape& plane, Visit visit) {
+__device__ __forceinline__ void for_each_sample(const SampleGrid<acc_t>& grid, int ph, int pw, Visit visit) {
   for (int iy = 0; iy < grid.bins.grid_h; ++iy) {
-    const AxisTaps<acc_t> y = grid.y_taps(ph, iy, plane);
-    for (int ix = 0; ix < grid.bins.grid_w; ++ix) visit(iy * grid.bins.grid_w + ix, point_taps(y, grid.x_taps(pw, ix, plane)));
+    const AxisTaps<acc_t> y = grid.y_taps(ph, iy);
+    for (int ix = 0; ix < grid.bins.grid_w; ++ix) visit(iy * grid.bins.grid_w + ix, point_taps(y, grid.x_taps(pw, ix)));
   }
 }
 
@@ -221,10 +238,11 @@ __global__ void __launch_bounds__(kMaxThreads)
                              const int64_t* __restrict__ roi_levels, const PoolParams params, const Tiling tiling,
                              scalar_t* __restrict__ out, int32_t* __restrict__ argmax) {
   extern __shared__ __align__(16) unsigned char shared_memory[];
-  __shared__ acc_t offset_table[2][kOffsetTable];
+  __shared__ AxisTaps<acc_t> tap_tables[2][kTapTable];
   scalar_t* value_tile = reinterpret_cast<scalar_t*>(shared_memory);
   int32_t* argmax_tile = reinterpret_cast<int32_t*>(shared_memory + tiling.value_bytes);
-  const int64_t num_bins = params.pooled_height * params.pooled_width;
+  const int pooled_width = static_cast<int>(params.pooled_width);
+  const int num_bins = static_cast<int>(params.pooled_height) * pooled_width;
   const BlockWork work = block_work(tiling, num_bins);
   const int lane = threadIdx.x % tiling.group_size, group = threadIdx.x / tiling.group_size;
   const int num_groups = blockDim.x / tiling.group_size;
@@ -237,16 +255,14 @@ __global__ void __launch_bounds__(kMaxThreads)
   int level;
   int64_t batch_index;
   if (roi_source(roi, roi_levels, work.roi, levels, level, batch_index)) {  // block-uniform
-    const SampleGrid<acc_t> grid =
-        sample_grid(roi_bins(roi, static_cast<acc_t>(levels.spatial_scale[level]), params), offset_table);
+    const SampleGrid<acc_t> grid = sample_grid(roi_bins(roi, static_cast<acc_t>(levels.spatial_scale[level]), params),
+                                               plane_shape(levels, level), params, tap_tables);
     const acc_t count = static_cast<acc_t>(max(grid.bins.grid_h * grid.bins.grid_w, 1));
     // Lanes past the last channel read channel 0 (in bounds); their rows of the tile are never written out.
     const scalar_t* lane_image = levels.data[level] + batch_index * levels.stride_n[level] +
                                  (lane_channel < channels ? lane_channel : 0) * levels.stride_c[level];
-    const PlaneShape plane = plane_shape(levels, level);
     for (int b = group; b < work.num_bins; b += num_groups) {
-      const int64_t bin = work.first_bin + b;
-      const int64_t ph = bin / params.pooled_width, pw = bin - ph * params.pooled_width;
+      const int bin = work.first_bin + b, ph = bin / pooled_width, pw = bin - ph * pooled_width;
       acc_t sum[V], best[V], value[V];
       int32_t best_sample[V];
 #pragma unroll
@@ -255,7 +271,7 @@ __global__ void __launch_bounds__(kMaxThreads)
         best[v] = -::cuda::std::numeric_limits<acc_t>::infinity();
         best_sample[v] = -1;
       }
-      for_each_sample(grid, ph, pw, plane, [&](int sample, const PointTaps<acc_t>& taps) {
+      for_each_sample(grid, ph, pw, [&](int sample, const PointTaps<acc_t>& taps) {
         interpolate_packet<V>(lane_image, taps, value);
 #pragma unroll
         for (int v = 0; v < V; ++v) {
@@ -297,10 +313,11 @@ __global__ void __launch_bounds__(kMaxThreads)
                               const int64_t* __restrict__ roi_levels, const PoolParams params, const Tiling tiling,
                               const scalar_t* __restrict__ grad_output, const int32_t* __restrict__ argmax) {
   extern __shared__ __align__(16) unsigned char shared_memory[];
-  __shared__ acc_t offset_table[2][kOffsetTable];
+  __shared__ AxisTaps<acc_t> tap_tables[2][kTapTable];
   scalar_t* gradient_tile = reinterpret_cast<scalar_t*>(shared_memory);
   int32_t* argmax_tile = reinterpret_cast<int32_t*>(shared_memory + tiling.value_bytes);
-  const int64_t num_bins = params.pooled_height * params.pooled_width;
+  const int pooled_width = static_cast<int>(params.pooled_width);
+  const int num_bins = static_cast<int>(params.pooled_height) * pooled_width;
   const BlockWork work = block_work(tiling, num_bins);
   const int lane = threadIdx.x % tiling.group_size, group = threadIdx.x / tiling.group_size;
   const int num_groups = blockDim.x / tiling.group_size;
@@ -311,8 +328,8 @@ __global__ void __launch_bounds__(kMaxThreads)
   int64_t batch_index;
   if (!roi_source(roi, roi_levels, work.roi, grads, level, batch_index)) return;  // block-uniform
 
-  const SampleGrid<acc_t> grid =
-      sample_grid(roi_bins(roi, static_cast<acc_t>(grads.spatial_scale[level]), params), offset_table);
+  const SampleGrid<acc_t> grid = sample_grid(roi_bins(roi, static_cast<acc_t>(grads.spatial_scale[level]), params),
+                                             plane_shape(grads, level), params, tap_tables);
   for_each_tile_element<V>(work, tiling, channels, num_bins, [&](int tile_index, int64_t index) {
     gradient_tile[tile_index] = grad_output[index];
     if (kMaxMode) argmax_tile[tile_index] = argmax[index];
@@ -324,12 +341,10 @@ __global__ void __launch_bounds__(kMaxThreads)
   const int num_samples = grid.bins.grid_h * grid.bins.grid_w;
   const acc_t count = static_cast<acc_t>(max(num_samples, 1));
   acc_t* lane_image = grads.data[level] + batch_index * grads.stride_n[level] + lane_channel * grads.stride_c[level];
-  const PlaneShape plane = plane_shape(grads, level);
   const scalar_t* lane_gradients = gradient_tile + lane * tiling.lane_pitch;
   const int32_t* lane_argmax = argmax_tile + lane * tiling.lane_pitch;
   for (int b = group; b < work.num_bins; b += num_groups) {
-    const int64_t bin = work.first_bin + b;
-    const int64_t ph = bin / params.pooled_width, pw = bin - ph * params.pooled_width;
+    const int bin = work.first_bin + b, ph = bin / pooled_width, pw = bin - ph * pooled_width;
     if (kMaxMode) {  // each channel sends its gradient to its own best sample
 #pragma unroll
       for (int v = 0; v < V; ++v) {
@@ -337,7 +352,7 @@ __global__ void __launch_bounds__(kMaxThreads)
         if (best_sample < 0 || best_sample >= num_samples) continue;
         const int iy = best_sample / grid.bins.grid_w;
         const PointTaps<acc_t> taps =
-            point_taps(grid.y_taps(ph, iy, plane), grid.x_taps(pw, best_sample - iy * grid.bins.grid_w, plane));
+            point_taps(grid.y_taps(ph, iy), grid.x_taps(pw, best_sample - iy * grid.bins.grid_w));
         if (!taps.valid) continue;
         const acc_t gradient = static_cast<acc_t>(lane_gradients[v * tiling.bins_per_block + b]);
 #pragma unroll
@@ -348,7 +363,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     acc_t share[V], contribution[V];
 #pragma unroll
     for (int v = 0; v < V; ++v) share[v] = static_cast<acc_t>(lane_gradients[v * tiling.bins_per_block + b]) / count;
-    for_each_sample(grid, ph, pw, plane, [&](int, const PointTaps<acc_t>& taps) {
+    for_each_sample(grid, ph, pw, [&](int, const PointTaps<acc_t>& taps) {
       if (!taps.valid) return;
 #pragma unroll
       for (int tap = 0; tap < 4; ++tap) {
