@@ -51,14 +51,18 @@ struct Tiling {
   // The tile keeps a lane's V channel rows (bins_per_block elements each) together; lanes start lane_pitch elements
   // apart, V * bins_per_block rounded up to odd, so that the lanes of a group store into distinct banks.
   int64_t lane_pitch;
-  int64_t value_bytes;   // bytes of the value tile, rounded up so that the argmax tile after it is aligned
-  int64_t shared_bytes;  // value tile, plus the int32 argmax tile in max mode
+  // Dynamic shared memory: the tap tables, the value tile (rounded up to 16 bytes) and, in max mode, the int32
+  // argmax tile, in that order.
+  int64_t table_bytes;
+  int64_t value_bytes;
+  int64_t shared_bytes;
   int64_t blocks;
 };
 
-// vector_width: V; value_size: the bytes of a tile element (the output or grad_output dtype).
+// vector_width: V; value_size: the bytes of a tile element (the output or grad_output dtype); table_bytes: the
+// bytes of the tap tables.
 Tiling make_tiling(int64_t num_rois, int64_t channels, int64_t num_bins, int vector_width, int64_t value_size,
-                   bool max_mode) {
+                   int64_t table_bytes, bool max_mode) {
   Tiling tiling;
   const int64_t packets = (channels + vector_width - 1) / vector_width;
   tiling.group_size = 1;
@@ -76,8 +80,9 @@ Tiling make_tiling(int64_t num_rois, int64_t channels, int64_t num_bins, int vec
   tiling.threads = static_cast<int>((groups * tiling.group_size + kWarpSize - 1) / kWarpSize * kWarpSize);
   tiling.lane_pitch = (vector_width * tiling.bins_per_block) | 1;
   const int64_t tile_elements = tiling.group_size * tiling.lane_pitch;
+  tiling.table_bytes = table_bytes;
   tiling.value_bytes = (tile_elements * value_size + 15) / 16 * 16;
-  tiling.shared_bytes = tiling.value_bytes + (max_mode ? tile_elements * 4 : 0);
+  tiling.shared_bytes = table_bytes + tiling.value_bytes + (max_mode ? tile_elements * 4 : 0);
   tiling.blocks = num_rois * tiling.channel_chunks * tiling.bin_chunks;
   TORCH_CHECK(tiling.blocks < (int64_t{1} << 31), "roi_align: too many RoIs x channels x bins for one launch");
   return tiling;
@@ -140,6 +145,8 @@ __device__ __forceinline__ PlaneShape plane_shape(const LevelTable<element_t>& l
 // a grid too large for the tables (a large sampling_ratio, or the adaptive grid of a huge RoI) computes each tap
 // where it is used.
 constexpr int kTapTable = 128;
+template <typename acc_t>
+constexpr int64_t kTapTableBytes = 2 * kTapTable * sizeof(AxisTaps<acc_t>);  // a multiple of 16
 
 template <typename acc_t>
 struct SampleGrid {
@@ -167,21 +174,21 @@ struct SampleGrid {
   }
 };
 
-// Fills the block's tap tables. Every thread of the block must call it (it synchronises).
+// Fills the block's tap tables (2 * kTapTable entries: y, then x). Every thread of the block must call it (it
+// synchronises).
 template <typename acc_t>
 __device__ __forceinline__ SampleGrid<acc_t> sample_grid(const RoiBins<acc_t>& bins, const PlaneShape& plane,
-                                                         const PoolParams& params,
-                                                         AxisTaps<acc_t> (&tables)[2][kTapTable]) {
+                                                         const PoolParams& params, AxisTaps<acc_t>* tables) {
   SampleGrid<acc_t> grid{bins, plane, nullptr, nullptr};
   const int y_entries = static_cast<int>(params.pooled_height) * bins.grid_h;
   const int x_entries = static_cast<int>(params.pooled_width) * bins.grid_w;
   if (y_entries <= kTapTable) {
-    for (int i = threadIdx.x; i < y_entries; i += blockDim.x) tables[0][i] = grid.compute_y(i / bins.grid_h, i % bins.grid_h);
-    grid.y_table = tables[0];
+    for (int i = threadIdx.x; i < y_entries; i += blockDim.x) tables[i] = grid.compute_y(i / bins.grid_h, i % bins.grid_h);
+    grid.y_table = tables;
   }
   if (x_entries <= kTapTable) {
-    for (int i = threadIdx.x; i < x_entries; i += blockDim.x) tables[1][i] = grid.compute_x(i / bins.grid_w, i % bins.grid_w);
-    grid.x_table = tables[1];
+    for (int i = threadIdx.x; i < x_entries; i += blockDim.x) tables[kTapTable + i] = grid.compute_x(i / bins.grid_w, i % bins.grid_w);
+    grid.x_table = tables + kTapTable;
   }
   __syncthreads();
   return grid;
@@ -192,6 +199,8 @@ template <typename acc_t, typename Visit>
 __device__ __forceinline__ void for_each_sample(const SampleGrid<acc_t>& grid, int ph, int pw, Visit visit) {
   for (int iy = 0; iy < grid.bins.grid_h; ++iy) {
     const AxisTaps<acc_t> y = grid.y_taps(ph, iy);
+    // Two samples per round: their loads are in flight together.
+#pragma unroll 2
     for (int ix = 0; ix < grid.bins.grid_w; ++ix) visit(iy * grid.bins.grid_w + ix, point_taps(y, grid.x_taps(pw, ix)));
   }
 }
@@ -238,9 +247,9 @@ __global__ void __launch_bounds__(kMaxThreads)
                              const int64_t* __restrict__ roi_levels, const PoolParams params, const Tiling tiling,
                              scalar_t* __restrict__ out, int32_t* __restrict__ argmax) {
   extern __shared__ __align__(16) unsigned char shared_memory[];
-  __shared__ AxisTaps<acc_t> tap_tables[2][kTapTable];
-  scalar_t* value_tile = reinterpret_cast<scalar_t*>(shared_memory);
-  int32_t* argmax_tile = reinterpret_cast<int32_t*>(shared_memory + tiling.value_bytes);
+  AxisTaps<acc_t>* tap_tables = reinterpret_cast<AxisTaps<acc_t>*>(shared_memory);
+  scalar_t* value_tile = reinterpret_cast<scalar_t*>(shared_memory + tiling.table_bytes);
+  int32_t* argmax_tile = reinterpret_cast<int32_t*>(shared_memory + tiling.table_bytes + tiling.value_bytes);
   const int pooled_width = static_cast<int>(params.pooled_width);
   const int num_bins = static_cast<int>(params.pooled_height) * pooled_width;
   const BlockWork work = block_work(tiling, num_bins);
@@ -313,9 +322,9 @@ __global__ void __launch_bounds__(kMaxThreads)
                               const int64_t* __restrict__ roi_levels, const PoolParams params, const Tiling tiling,
                               const scalar_t* __restrict__ grad_output, const int32_t* __restrict__ argmax) {
   extern __shared__ __align__(16) unsigned char shared_memory[];
-  __shared__ AxisTaps<acc_t> tap_tables[2][kTapTable];
-  scalar_t* gradient_tile = reinterpret_cast<scalar_t*>(shared_memory);
-  int32_t* argmax_tile = reinterpret_cast<int32_t*>(shared_memory + tiling.value_bytes);
+  AxisTaps<acc_t>* tap_tables = reinterpret_cast<AxisTaps<acc_t>*>(shared_memory);
+  scalar_t* gradient_tile = reinterpret_cast<scalar_t*>(shared_memory + tiling.table_bytes);
+  int32_t* argmax_tile = reinterpret_cast<int32_t*>(shared_memory + tiling.table_bytes + tiling.value_bytes);
   const int pooled_width = static_cast<int>(params.pooled_width);
   const int num_bins = static_cast<int>(params.pooled_height) * pooled_width;
   const BlockWork work = block_work(tiling, num_bins);
@@ -377,49 +386,6 @@ __global__ void __launch_bounds__(kMaxThreads)
 
 bool capturing_graph() {
   return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
-}
-
-constexpr int kTransposeTile = 32;
-constexpr int kTransposeRowsPerPass = 8;
-
-// Each image of `in` is a (rows, cols) matrix; out gets its transpose, cast to out_t. Tiles pass through shared
-// memory so that both the reads (along cols) and the writes (along rows) are coalesced.
-template <typename in_t, typename out_t>
-__global__ void __launch_bounds__(kTransposeTile* kTransposeRowsPerPass)
-    transpose_kernel(const in_t* __restrict__ in, out_t* __restrict__ out, int64_t rows, int64_t cols) {
-  __shared__ out_t tile[kTransposeTile][kTransposeTile + 1];  // +1: the column reads hit distinct banks
-  const int64_t image_offset = static_cast<int64_t>(blockIdx.z) * rows * cols;
-  const int64_t first_row = static_cast<int64_t>(blockIdx.y) * kTransposeTile;
-  const int64_t first_col = static_cast<int64_t>(blockIdx.x) * kTransposeTile;
-  for (int i = threadIdx.y; i < kTransposeTile; i += kTransposeRowsPerPass) {
-    const int64_t row = first_row + i, col = first_col + threadIdx.x;
-    if (row < rows && col < cols) tile[i][threadIdx.x] = static_cast<out_t>(in[image_offset + row * cols + col]);
-  }
-  __syncthreads();
-  for (int i = threadIdx.y; i < kTransposeTile; i += kTransposeRowsPerPass) {
-    const int64_t col = first_col + i, row = first_row + threadIdx.x;
-    if (row < rows && col < cols) out[image_offset + col * rows + row] = tile[threadIdx.x][i];
-  }
-}
-
-// `map` (N, C, H, W) copied into a new tensor of out_t in memory `format`. A dense NCHW map going channels-last, or
-// a dense channels-last map going NCHW, takes the tiled transpose (at::Tensor::copy_ takes a generic strided path
-// for those, about three times slower); anything else takes copy_.
-template <typename in_t, typename out_t>
-at::Tensor relayout(const at::Tensor& map, at::ScalarType out_dtype, at::MemoryFormat format, cudaStream_t stream) {
-  at::Tensor out = at::empty(map.sizes(), map.options().dtype(out_dtype).memory_format(format));
-  const bool to_channels_last = format == at::MemoryFormat::ChannelsLast;
-  const bool transposes = to_channels_last ? map.is_contiguous() : map.is_contiguous(at::MemoryFormat::ChannelsLast);
-  const int64_t batch = map.size(0), channels = map.size(1), pixels = map.size(2) * map.size(3);
-  const int64_t rows = to_channels_last ? channels : pixels, cols = to_channels_last ? pixels : channels;
-  const int64_t grid_x = (cols + kTransposeTile - 1) / kTransposeTile;
-  const int64_t grid_y = (rows + kTransposeTile - 1) / kTransposeTile;
-  if (!transposes || grid_x >= (int64_t{1} << 31) || grid_y > 65535 || batch > 65535) return out.copy_(map);
-  transpose_kernel<in_t, out_t>
-      <<<dim3(grid_x, grid_y, batch), dim3(kTransposeTile, kTransposeRowsPerPass), 0, stream>>>(
-          map.const_data_ptr<in_t>(), out.mutable_data_ptr<out_t>(), rows, cols);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return out;
 }
 
 constexpr int kPrepareThreads = 256;
@@ -560,6 +526,70 @@ void with_packet_width(int width, Launch&& launch) {
   launch(std::integral_constant<int, 1>());
 }
 
+constexpr int kTransposeTile = 64;
+constexpr int kTransposeThreads = 256;
+
+// Each image of `in` is a (rows, cols) matrix; out gets its transpose, cast to out_t. A block moves a 64 x 64 tile
+// through shared memory so that the reads (along cols) and the writes (along rows) are both coalesced, V elements
+// at a time as one vector (V divides rows and cols).
+template <typename in_t, typename out_t, int V>
+__global__ void __launch_bounds__(kTransposeThreads)
+    transpose_kernel(const in_t* __restrict__ in, out_t* __restrict__ out, int64_t rows, int64_t cols) {
+  constexpr int kVectorsPerLine = kTransposeTile / V;
+  __shared__ out_t tile[kTransposeTile][kTransposeTile + 1];  // +1: spreads the column accesses over the banks
+  const int64_t image_offset = static_cast<int64_t>(blockIdx.z) * rows * cols;
+  in += image_offset;
+  out += image_offset;
+  const int64_t first_row = static_cast<int64_t>(blockIdx.y) * kTransposeTile;
+  const int64_t first_col = static_cast<int64_t>(blockIdx.x) * kTransposeTile;
+  for (int i = threadIdx.x; i < kTransposeTile * kVectorsPerLine; i += kTransposeThreads) {
+    const int r = i / kVectorsPerLine, c = i % kVectorsPerLine * V;
+    const int64_t row = first_row + r, col = first_col + c;
+    if (row >= rows || col >= cols) continue;
+    const Packet<in_t, V> packet = *reinterpret_cast<const Packet<in_t, V>*>(in + row * cols + col);
+#pragma unroll
+    for (int v = 0; v < V; ++v) tile[r][c + v] = static_cast<out_t>(packet.value[v]);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < kTransposeTile * kVectorsPerLine; i += kTransposeThreads) {
+    const int c = i / kVectorsPerLine, r = i % kVectorsPerLine * V;
+    const int64_t row = first_row + r, col = first_col + c;
+    if (row >= rows || col >= cols) continue;
+    Packet<out_t, V> packet;
+#pragma unroll
+    for (int v = 0; v < V; ++v) packet.value[v] = tile[r + v][c];
+    *reinterpret_cast<Packet<out_t, V>*>(out + col * rows + row) = packet;
+  }
+}
+
+// `map` (N, C, H, W) copied into a new tensor of out_t in memory `format`. A dense NCHW map going channels-last, or
+// a dense channels-last map going NCHW, takes the tiled transpose (at::Tensor::copy_ takes a generic strided path
+// for those, several times slower); anything else takes copy_.
+template <typename in_t, typename out_t>
+at::Tensor relayout(const at::Tensor& map, at::ScalarType out_dtype, at::MemoryFormat format, cudaStream_t stream) {
+  at::Tensor out = at::empty(map.sizes(), map.options().dtype(out_dtype).memory_format(format));
+  const bool to_channels_last = format == at::MemoryFormat::ChannelsLast;
+  const bool transposes = to_channels_last ? map.is_contiguous() : map.is_contiguous(at::MemoryFormat::ChannelsLast);
+  const int64_t batch = map.size(0), channels = map.size(1), pixels = map.size(2) * map.size(3);
+  const int64_t rows = to_channels_last ? channels : pixels, cols = to_channels_last ? pixels : channels;
+  const int64_t grid_x = (cols + kTransposeTile - 1) / kTransposeTile;
+  const int64_t grid_y = (rows + kTransposeTile - 1) / kTransposeTile;
+  if (!transposes || grid_x >= (int64_t{1} << 31) || grid_y > 65535 || batch > 65535) return out.copy_(map);
+  // The widest vector (at most 16 bytes of the wider type) that divides both sides; the allocations are aligned.
+  using wider_t = std::conditional_t<(sizeof(in_t) > sizeof(out_t)), in_t, out_t>;
+  int width = 16 / static_cast<int>(sizeof(wider_t));
+  while (width > 1 && (rows % width != 0 || cols % width != 0 ||
+                       reinterpret_cast<uintptr_t>(map.const_data_ptr()) % (width * sizeof(in_t)) != 0))
+    width /= 2;
+  with_packet_width<wider_t>(width, [&](auto packet) {
+    transpose_kernel<in_t, out_t, decltype(packet)::value>
+        <<<dim3(grid_x, grid_y, batch), kTransposeThreads, 0, stream>>>(map.const_data_ptr<in_t>(),
+                                                                       out.mutable_data_ptr<out_t>(), rows, cols);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return out;
+}
+
 template <typename Kernel>
 void allow_shared_memory(Kernel kernel, int64_t bytes) {
   if (bytes > 48 * 1024)
@@ -601,7 +631,8 @@ std::tuple<at::Tensor, at::Tensor> multiscale_forward_cuda(at::TensorList featur
     with_packet_width<scalar_t>(packet_width<scalar_t>(channels_last), [&](auto packet) {
       constexpr int V = decltype(packet)::value;
       const Tiling tiling =
-          make_tiling(num_rois, channels, pooled_height * pooled_width, V, sizeof(scalar_t), max_mode);
+          make_tiling(num_rois, channels, pooled_height * pooled_width, V, sizeof(scalar_t),
+                                        kTapTableBytes<acc_t>, max_mode);
       // Avg and max mode are separate kernels: max mode's per-channel argmax state would cost avg mode registers.
       const auto kernel = max_mode ? roi_align_forward_kernel<scalar_t, acc_t, V, true>
                                    : roi_align_forward_kernel<scalar_t, acc_t, V, false>;
@@ -643,7 +674,8 @@ std::vector<at::Tensor> multiscale_backward_cuda(const at::Tensor& grad_output, 
       using acc_t = at::opmath_type<scalar_t>;
       with_packet_width<acc_t>(packet_width<acc_t>(buffers), [&](auto packet) {
         constexpr int V = decltype(packet)::value;
-        const Tiling tiling = make_tiling(rois.size(0), channels, num_bins, V, sizeof(scalar_t), max_mode);
+        const Tiling tiling = make_tiling(rois.size(0), channels, num_bins, V, sizeof(scalar_t),
+                                          kTapTableBytes<acc_t>, max_mode);
         const auto kernel = max_mode ? roi_align_backward_kernel<scalar_t, acc_t, V, true>
                                      : roi_align_backward_kernel<scalar_t, acc_t, V, false>;
         allow_shared_memory(kernel, tiling.shared_bytes);
