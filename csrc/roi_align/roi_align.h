@@ -98,17 +98,17 @@ YFD_HOST_DEVICE acc_t sample_coordinate(acc_t start, acc_t bin_size, int64_t bin
 }
 
 // Bilinear interpolation along one axis: the element offsets (index * stride) of the two neighbouring rows (or
-// columns) and their weights. The CUDA kernels hold offsets in 32 bits (their launcher checks that they fit).
-template <typename acc_t, typename index_t = int64_t>
+// columns) and their weights.
+template <typename acc_t>
 struct AxisTaps {
   bool valid;  // false when the point lies more than one pixel outside the map: the sample reads 0
-  index_t low, high;
+  int64_t low, high;
   acc_t weight_low, weight_high;
 };
 
-template <typename index_t = int64_t, typename acc_t>
-YFD_HOST_DEVICE AxisTaps<acc_t, index_t> axis_taps(acc_t coordinate, int64_t size, int64_t stride) {
-  AxisTaps<acc_t, index_t> taps;
+template <typename acc_t>
+YFD_HOST_DEVICE AxisTaps<acc_t> axis_taps(acc_t coordinate, int64_t size, int64_t stride) {
+  AxisTaps<acc_t> taps;
   // Written so that NaN is invalid.
   taps.valid = coordinate >= acc_t(-1) && coordinate <= static_cast<acc_t>(size);
   if (!taps.valid) {
@@ -117,34 +117,32 @@ YFD_HOST_DEVICE AxisTaps<acc_t, index_t> axis_taps(acc_t coordinate, int64_t siz
     return taps;
   }
   if (coordinate <= acc_t(0)) coordinate = acc_t(0);
-  const index_t last = static_cast<index_t>(size - 1);
-  index_t low = static_cast<index_t>(coordinate), high;
-  if (low >= last) {
-    low = high = last;
+  int64_t low = static_cast<int64_t>(coordinate), high;
+  if (low >= size - 1) {
+    low = high = size - 1;
     coordinate = static_cast<acc_t>(low);
   } else {
     high = low + 1;
   }
   const acc_t fraction = coordinate - static_cast<acc_t>(low);
-  taps.low = low * static_cast<index_t>(stride);
-  taps.high = high * static_cast<index_t>(stride);
+  taps.low = low * stride;
+  taps.high = high * stride;
   taps.weight_low = acc_t(1) - fraction;
   taps.weight_high = fraction;
   return taps;
 }
 
 // The four taps of a sample point: element offsets inside one channel plane and bilinear weights.
-template <typename acc_t, typename index_t = int64_t>
+template <typename acc_t>
 struct PointTaps {
   bool valid;
-  index_t offset[4];  // (low y, low x), (low y, high x), (high y, low x), (high y, high x)
+  int64_t offset[4];  // (low y, low x), (low y, high x), (high y, low x), (high y, high x)
   acc_t weight[4];
 };
 
-template <typename acc_t, typename index_t>
-YFD_HOST_DEVICE PointTaps<acc_t, index_t> point_taps(const AxisTaps<acc_t, index_t>& y,
-                                                     const AxisTaps<acc_t, index_t>& x) {
-  PointTaps<acc_t, index_t> taps;
+template <typename acc_t>
+YFD_HOST_DEVICE PointTaps<acc_t> point_taps(const AxisTaps<acc_t>& y, const AxisTaps<acc_t>& x) {
+  PointTaps<acc_t> taps;
   taps.valid = y.valid && x.valid;
   taps.offset[0] = y.low + x.low;
   taps.offset[1] = y.low + x.high;

@@ -20,7 +20,6 @@
 #include <torch/library.h>
 
 #include <cuda/std/limits>
-#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -147,35 +146,31 @@ __device__ __forceinline__ PlaneShape plane_shape(const LevelTable<element_t>& l
 // a grid too large for the tables (a large sampling_ratio, or the adaptive grid of a huge RoI) computes each tap
 // where it is used.
 constexpr int kTapTable = 128;
-// Axis taps with 32-bit offsets inside a channel plane (check_plane_offsets).
 template <typename acc_t>
-using Taps = AxisTaps<acc_t, int32_t>;
-template <typename acc_t>
-constexpr int64_t kTapTableBytes = 2 * kTapTable * sizeof(Taps<acc_t>);
-static_assert(kTapTableBytes<float> % 16 == 0 && kTapTableBytes<double> % 16 == 0, "the tiles after the tables");
+constexpr int64_t kTapTableBytes = 2 * kTapTable * sizeof(AxisTaps<acc_t>);  // a multiple of 16
 
 template <typename acc_t>
 struct SampleGrid {
   RoiBins<acc_t> bins;
   PlaneShape plane;
-  const Taps<acc_t>* y_table;  // null when not tabulated
-  const Taps<acc_t>* x_table;
+  const AxisTaps<acc_t>* y_table;  // null when not tabulated
+  const AxisTaps<acc_t>* x_table;
 
-  __device__ __forceinline__ Taps<acc_t> compute_y(int ph, int iy) const {
-    return axis_taps<int32_t>(sample_coordinate(bins.start_y, bins.bin_height, ph, iy, bins.grid_h), plane.height,
+  __device__ __forceinline__ AxisTaps<acc_t> compute_y(int ph, int iy) const {
+    return axis_taps(sample_coordinate(bins.start_y, bins.bin_height, ph, iy, bins.grid_h), plane.height,
                      plane.stride_h);
   }
 
-  __device__ __forceinline__ Taps<acc_t> compute_x(int pw, int ix) const {
-    return axis_taps<int32_t>(sample_coordinate(bins.start_x, bins.bin_width, pw, ix, bins.grid_w), plane.width,
+  __device__ __forceinline__ AxisTaps<acc_t> compute_x(int pw, int ix) const {
+    return axis_taps(sample_coordinate(bins.start_x, bins.bin_width, pw, ix, bins.grid_w), plane.width,
                      plane.stride_w);
   }
 
-  __device__ __forceinline__ Taps<acc_t> y_taps(int ph, int iy) const {
+  __device__ __forceinline__ AxisTaps<acc_t> y_taps(int ph, int iy) const {
     return y_table != nullptr ? y_table[ph * bins.grid_h + iy] : compute_y(ph, iy);
   }
 
-  __device__ __forceinline__ Taps<acc_t> x_taps(int pw, int ix) const {
+  __device__ __forceinline__ AxisTaps<acc_t> x_taps(int pw, int ix) const {
     return x_table != nullptr ? x_table[pw * bins.grid_w + ix] : compute_x(pw, ix);
   }
 };
@@ -184,7 +179,7 @@ struct SampleGrid {
 // synchronises).
 template <typename acc_t>
 __device__ __forceinline__ SampleGrid<acc_t> sample_grid(const RoiBins<acc_t>& bins, const PlaneShape& plane,
-                                                         const PoolParams& params, Taps<acc_t>* tables) {
+                                                         const PoolParams& params, AxisTaps<acc_t>* tables) {
   SampleGrid<acc_t> grid{bins, plane, nullptr, nullptr};
   const int y_entries = static_cast<int>(params.pooled_height) * bins.grid_h;
   const int x_entries = static_cast<int>(params.pooled_width) * bins.grid_w;
@@ -206,7 +201,7 @@ __device__ __forceinline__ SampleGrid<acc_t> sample_grid(const RoiBins<acc_t>& b
 template <typename acc_t, typename Visit>
 __device__ __forceinline__ void for_each_sample(const SampleGrid<acc_t>& grid, int ph, int pw, Visit visit) {
   for (int iy = 0; iy < grid.bins.grid_h; ++iy) {
-    const Taps<acc_t> y = grid.y_taps(ph, iy);
+    const AxisTaps<acc_t> y = grid.y_taps(ph, iy);
     // Two samples per round: their loads are in flight together.
 #pragma unroll 2
     for (int ix = 0; ix < grid.bins.grid_w; ++ix)
@@ -216,7 +211,7 @@ __device__ __forceinline__ void for_each_sample(const SampleGrid<acc_t>& grid, i
 
 // The sample's bilinear value for the lane's V channels (0 outside the map), summed in interpolate()'s order.
 template <int V, typename scalar_t, typename acc_t>
-__device__ __forceinline__ void interpolate_packet(const scalar_t* lane_image, const PointTaps<acc_t, int32_t>& taps,
+__device__ __forceinline__ void interpolate_packet(const scalar_t* lane_image, const PointTaps<acc_t>& taps,
                                                    acc_t (&value)[V]) {
 #pragma unroll
   for (int v = 0; v < V; ++v) value[v] = acc_t(0);
@@ -256,7 +251,7 @@ __global__ void __launch_bounds__(kMaxThreads)
                              const int64_t* __restrict__ roi_levels, const PoolParams params, const Tiling tiling,
                              scalar_t* __restrict__ out, int32_t* __restrict__ argmax) {
   extern __shared__ __align__(16) unsigned char shared_memory[];
-  Taps<acc_t>* tap_tables = reinterpret_cast<Taps<acc_t>*>(shared_memory);
+  AxisTaps<acc_t>* tap_tables = reinterpret_cast<AxisTaps<acc_t>*>(shared_memory);
   scalar_t* value_tile = reinterpret_cast<scalar_t*>(shared_memory + tiling.table_bytes);
   int32_t* argmax_tile = reinterpret_cast<int32_t*>(shared_memory + tiling.table_bytes + tiling.value_bytes);
   const int pooled_width = static_cast<int>(params.pooled_width);
@@ -289,7 +284,7 @@ __global__ void __launch_bounds__(kMaxThreads)
         best[v] = -::cuda::std::numeric_limits<acc_t>::infinity();
         best_sample[v] = -1;
       }
-      for_each_sample(grid, ph, pw, [&](int sample, const PointTaps<acc_t, int32_t>& taps) {
+      for_each_sample(grid, ph, pw, [&](int sample, const PointTaps<acc_t>& taps) {
         interpolate_packet<V>(lane_image, taps, value);
 #pragma unroll
         for (int v = 0; v < V; ++v) {
@@ -331,7 +326,7 @@ __global__ void __launch_bounds__(kMaxThreads)
                               const int64_t* __restrict__ roi_levels, const PoolParams params, const Tiling tiling,
                               const scalar_t* __restrict__ grad_output, const int32_t* __restrict__ argmax) {
   extern __shared__ __align__(16) unsigned char shared_memory[];
-  Taps<acc_t>* tap_tables = reinterpret_cast<Taps<acc_t>*>(shared_memory);
+  AxisTaps<acc_t>* tap_tables = reinterpret_cast<AxisTaps<acc_t>*>(shared_memory);
   scalar_t* gradient_tile = reinterpret_cast<scalar_t*>(shared_memory + tiling.table_bytes);
   int32_t* argmax_tile = reinterpret_cast<int32_t*>(shared_memory + tiling.table_bytes + tiling.value_bytes);
   const int pooled_width = static_cast<int>(params.pooled_width);
@@ -369,7 +364,7 @@ __global__ void __launch_bounds__(kMaxThreads)
         const int32_t best_sample = lane_argmax[v * tiling.bins_per_block + b];
         if (best_sample < 0 || best_sample >= num_samples) continue;
         const int iy = best_sample / grid.bins.grid_w;
-        const PointTaps<acc_t, int32_t> taps =
+        const PointTaps<acc_t> taps =
             point_taps(grid.y_taps(ph, iy), grid.x_taps(pw, best_sample - iy * grid.bins.grid_w));
         if (!taps.valid) continue;
         const acc_t gradient = static_cast<acc_t>(lane_gradients[v * tiling.bins_per_block + b]);
@@ -381,7 +376,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     acc_t share[V], contribution[V];
 #pragma unroll
     for (int v = 0; v < V; ++v) share[v] = static_cast<acc_t>(lane_gradients[v * tiling.bins_per_block + b]) / count;
-    for_each_sample(grid, ph, pw, [&](int, const PointTaps<acc_t, int32_t>& taps) {
+    for_each_sample(grid, ph, pw, [&](int, const PointTaps<acc_t>& taps) {
       if (!taps.valid) return;
 #pragma unroll
       for (int tap = 0; tap < 4; ++tap) {
@@ -617,15 +612,6 @@ void allow_shared_memory(Kernel kernel, int64_t bytes) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
-// The kernels address a channel plane (H, W) with 32-bit offsets.
-void check_plane_offsets(const char* op, at::TensorList maps) {
-  for (const at::Tensor& map : maps) {
-    const int64_t last_offset = (map.size(2) - 1) * map.stride(2) + (map.size(3) - 1) * map.stride(3);
-    TORCH_CHECK_VALUE(last_offset < std::numeric_limits<int32_t>::max(), op, ": a feature map's (H, W) plane spans ",
-                      text(last_offset + 1), " elements in memory; the CUDA kernels address fewer than 2^31");
-  }
-}
-
 const int64_t* levels_or_null(const at::Tensor& roi_levels) {
   return roi_levels.defined() ? roi_levels.const_data_ptr<int64_t>() : nullptr;
 }
@@ -659,7 +645,6 @@ std::tuple<at::Tensor, at::Tensor> multiscale_forward_cuda(at::TensorList featur
                                                  : relayout<scalar_t, scalar_t>(map, map.scalar_type(),
                                                                                 at::MemoryFormat::ChannelsLast, stream));
     constexpr int packet_bytes = kForwardPacketBytes<scalar_t>;
-    check_plane_offsets("roi_align", channels_last);
     const int width = packet_width<packet_bytes, scalar_t>(channels_last);
     with_packet_width<packet_bytes, scalar_t>(width, [&](auto packet) {
       constexpr int V = decltype(packet)::value;
@@ -704,7 +689,6 @@ std::vector<at::Tensor> multiscale_backward_cuda(const at::Tensor& grad_output, 
     const PreparedRois prepared(rois, /*check_batch_indices=*/false, stream);
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "roi_align_backward_cuda", [&] {
       using acc_t = at::opmath_type<scalar_t>;
-      check_plane_offsets("roi_align_backward", buffers);
       const int width = packet_width<kBackwardPacketBytes, acc_t>(buffers);
       with_packet_width<kBackwardPacketBytes, acc_t>(width, [&](auto packet) {
         constexpr int V = decltype(packet)::value;
