@@ -144,7 +144,7 @@ __device__ __forceinline__ PlaneShape plane_shape(const LevelTable<element_t>& l
 // A RoI's sampling grid on its level. The axis taps of its samples (bin * grid + i along each axis) are tabulated
 // once per block in shared memory, so that a lane's work per sample is two table reads, four loads and the FMAs;
 // a grid too large for the tables (a large sampling_ratio, or the adaptive grid of a huge RoI) computes each tap
-// where it is used.
+// where it is used. The choice is made once per block (with_tabulation), not per sample.
 constexpr int kTapTable = 128;
 template <typename acc_t>
 constexpr int64_t kTapTableBytes = 2 * kTapTable * sizeof(AxisTaps<acc_t>);  // a multiple of 16
@@ -153,8 +153,7 @@ template <typename acc_t>
 struct SampleGrid {
   RoiBins<acc_t> bins;
   PlaneShape plane;
-  const AxisTaps<acc_t>* y_table;  // null when not tabulated
-  const AxisTaps<acc_t>* x_table;
+  const AxisTaps<acc_t>* tables;  // y taps, then x taps from kTapTable on; null when not tabulated
 
   __device__ __forceinline__ AxisTaps<acc_t> compute_y(int ph, int iy) const {
     return axis_taps(sample_coordinate(bins.start_y, bins.bin_height, ph, iy, bins.grid_h), plane.height,
@@ -166,46 +165,68 @@ struct SampleGrid {
                      plane.stride_w);
   }
 
+  template <bool kTabulated>
   __device__ __forceinline__ AxisTaps<acc_t> y_taps(int ph, int iy) const {
-    return y_table != nullptr ? y_table[ph * bins.grid_h + iy] : compute_y(ph, iy);
+    if constexpr (kTabulated) return tables[ph * bins.grid_h + iy];
+    else return compute_y(ph, iy);
   }
 
+  template <bool kTabulated>
   __device__ __forceinline__ AxisTaps<acc_t> x_taps(int pw, int ix) const {
-    return x_table != nullptr ? x_table[pw * bins.grid_w + ix] : compute_x(pw, ix);
+    if constexpr (kTabulated) return tables[kTapTable + pw * bins.grid_w + ix];
+    else return compute_x(pw, ix);
   }
 };
 
-// Fills the block's tap tables (2 * kTapTable entries: y, then x). Every thread of the block must call it (it
-// synchronises).
+// Fills the block's tap tables when both axes fit. Every thread of the block must call it (it synchronises).
 template <typename acc_t>
 __device__ __forceinline__ SampleGrid<acc_t> sample_grid(const RoiBins<acc_t>& bins, const PlaneShape& plane,
                                                          const PoolParams& params, AxisTaps<acc_t>* tables) {
-  SampleGrid<acc_t> grid{bins, plane, nullptr, nullptr};
+  SampleGrid<acc_t> grid{bins, plane, nullptr};
   const int y_entries = static_cast<int>(params.pooled_height) * bins.grid_h;
   const int x_entries = static_cast<int>(params.pooled_width) * bins.grid_w;
-  if (y_entries <= kTapTable) {
+  if (y_entries <= kTapTable && x_entries <= kTapTable) {
     for (int i = threadIdx.x; i < y_entries; i += blockDim.x)
       tables[i] = grid.compute_y(i / bins.grid_h, i % bins.grid_h);
-    grid.y_table = tables;
-  }
-  if (x_entries <= kTapTable) {
     for (int i = threadIdx.x; i < x_entries; i += blockDim.x)
       tables[kTapTable + i] = grid.compute_x(i / bins.grid_w, i % bins.grid_w);
-    grid.x_table = tables + kTapTable;
+    grid.tables = tables;
   }
   __syncthreads();
   return grid;
 }
 
+// Calls pool(std::true_type()) when the grid is tabulated, pool(std::false_type()) otherwise, so that each sample
+// loop is compiled for one source of taps.
+template <typename acc_t, typename Pool>
+__device__ __forceinline__ void with_tabulation(const SampleGrid<acc_t>& grid, Pool pool) {
+  if (grid.tables != nullptr) pool(std::true_type());
+  else pool(std::false_type());
+}
+
 // Calls visit(sample, taps) for every sample of bin (ph, pw), in the order iy * grid_w + ix that argmax holds.
-template <typename acc_t, typename Visit>
+template <bool kTabulated, typename acc_t, typename Visit>
 __device__ __forceinline__ void for_each_sample(const SampleGrid<acc_t>& grid, int ph, int pw, Visit visit) {
   for (int iy = 0; iy < grid.bins.grid_h; ++iy) {
-    const AxisTaps<acc_t> y = grid.y_taps(ph, iy);
+    const AxisTaps<acc_t> y = grid.template y_taps<kTabulated>(ph, iy);
     // Two samples per round: their loads are in flight together.
 #pragma unroll 2
     for (int ix = 0; ix < grid.bins.grid_w; ++ix)
-      visit(iy * grid.bins.grid_w + ix, point_taps(y, grid.x_taps(pw, ix)));
+      visit(iy * grid.bins.grid_w + ix, point_taps(y, grid.template x_taps<kTabulated>(pw, ix)));
+  }
+}
+
+// values[v] / count for every v. Dividing by a power of two equals multiplying by its inverse, exactly and for less
+// than the cost of a division (the common sampling_ratio 2 gives 4 samples).
+template <int V, typename acc_t>
+__device__ __forceinline__ void divide_by_count(acc_t (&values)[V], int count) {
+  if ((count & (count - 1)) == 0) {
+    const acc_t inverse = acc_t(1) / static_cast<acc_t>(count);
+#pragma unroll
+    for (int v = 0; v < V; ++v) values[v] *= inverse;
+  } else {
+#pragma unroll
+    for (int v = 0; v < V; ++v) values[v] /= static_cast<acc_t>(count);
   }
 }
 
@@ -270,39 +291,42 @@ __global__ void __launch_bounds__(kMaxThreads)
   if (roi_source(roi, roi_levels, work.roi, levels, level, batch_index)) {  // block-uniform
     const SampleGrid<acc_t> grid = sample_grid(roi_bins(roi, static_cast<acc_t>(levels.spatial_scale[level]), params),
                                                plane_shape(levels, level), params, tap_tables);
-    const acc_t count = static_cast<acc_t>(max(grid.bins.grid_h * grid.bins.grid_w, 1));
+    const int count = max(grid.bins.grid_h * grid.bins.grid_w, 1);
     // Lanes past the last channel read channel 0 (in bounds); their rows of the tile are never written out.
     const scalar_t* lane_image = levels.data[level] + batch_index * levels.stride_n[level] +
                                  (lane_channel < channels ? lane_channel : 0) * levels.stride_c[level];
-    for (int b = group; b < work.num_bins; b += num_groups) {
-      const int bin = work.first_bin + b, ph = bin / pooled_width, pw = bin - ph * pooled_width;
-      acc_t sum[V], best[V], value[V];
-      int32_t best_sample[V];
-#pragma unroll
-      for (int v = 0; v < V; ++v) {
-        sum[v] = acc_t(0);
-        best[v] = -::cuda::std::numeric_limits<acc_t>::infinity();
-        best_sample[v] = -1;
-      }
-      for_each_sample(grid, ph, pw, [&](int sample, const PointTaps<acc_t>& taps) {
-        interpolate_packet<V>(lane_image, taps, value);
+    with_tabulation(grid, [&](auto tabulated) {
+      for (int b = group; b < work.num_bins; b += num_groups) {
+        const int bin = work.first_bin + b, ph = bin / pooled_width, pw = bin - ph * pooled_width;
+        acc_t sum[V], best[V], value[V];
+        int32_t best_sample[V];
 #pragma unroll
         for (int v = 0; v < V; ++v) {
-          if (!kMaxMode) {
-            sum[v] += value[v];
-          } else if (value[v] > best[v]) {
-            best[v] = value[v];
-            best_sample[v] = sample;
-          }
+          sum[v] = acc_t(0);
+          best[v] = -::cuda::std::numeric_limits<acc_t>::infinity();
+          best_sample[v] = -1;
         }
-      });
+        for_each_sample<decltype(tabulated)::value>(grid, ph, pw, [&](int sample, const PointTaps<acc_t>& taps) {
+          interpolate_packet<V>(lane_image, taps, value);
 #pragma unroll
-      for (int v = 0; v < V; ++v) {
-        const acc_t pooled = kMaxMode ? (best_sample[v] >= 0 ? best[v] : acc_t(0)) : sum[v] / count;
-        lane_values[v * tiling.bins_per_block + b] = static_cast<scalar_t>(pooled);
-        if (kMaxMode) lane_argmax[v * tiling.bins_per_block + b] = best_sample[v];
+          for (int v = 0; v < V; ++v) {
+            if (!kMaxMode) {
+              sum[v] += value[v];
+            } else if (value[v] > best[v]) {
+              best[v] = value[v];
+              best_sample[v] = sample;
+            }
+          }
+        });
+        if (!kMaxMode) divide_by_count<V>(sum, count);
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+          const acc_t pooled = kMaxMode ? (best_sample[v] >= 0 ? best[v] : acc_t(0)) : sum[v];
+          lane_values[v * tiling.bins_per_block + b] = static_cast<scalar_t>(pooled);
+          if (kMaxMode) lane_argmax[v * tiling.bins_per_block + b] = best_sample[v];
+        }
       }
-    }
+    });
   } else {  // a RoI with a bad batch index or level pools zeros
     for (int b = group; b < work.num_bins; b += num_groups) {
 #pragma unroll
@@ -352,40 +376,45 @@ __global__ void __launch_bounds__(kMaxThreads)
   const int64_t lane_channel = work.first_channel + int64_t{lane} * V;
   if (lane_channel >= channels) return;  // no shuffles or barriers below
   const int num_samples = grid.bins.grid_h * grid.bins.grid_w;
-  const acc_t count = static_cast<acc_t>(max(num_samples, 1));
   acc_t* lane_image = grads.data[level] + batch_index * grads.stride_n[level] + lane_channel * grads.stride_c[level];
   const scalar_t* lane_gradients = gradient_tile + lane * tiling.lane_pitch;
   const int32_t* lane_argmax = argmax_tile + lane * tiling.lane_pitch;
-  for (int b = group; b < work.num_bins; b += num_groups) {
-    const int bin = work.first_bin + b, ph = bin / pooled_width, pw = bin - ph * pooled_width;
-    if (kMaxMode) {  // each channel sends its gradient to its own best sample
+  with_tabulation(grid, [&](auto tabulated) {
+    constexpr bool kTabulated = decltype(tabulated)::value;
+    for (int b = group; b < work.num_bins; b += num_groups) {
+      const int bin = work.first_bin + b, ph = bin / pooled_width, pw = bin - ph * pooled_width;
+      if (kMaxMode) {  // each channel sends its gradient to its own best sample
 #pragma unroll
-      for (int v = 0; v < V; ++v) {
-        const int32_t best_sample = lane_argmax[v * tiling.bins_per_block + b];
-        if (best_sample < 0 || best_sample >= num_samples) continue;
-        const int iy = best_sample / grid.bins.grid_w;
-        const PointTaps<acc_t> taps =
-            point_taps(grid.y_taps(ph, iy), grid.x_taps(pw, best_sample - iy * grid.bins.grid_w));
-        if (!taps.valid) continue;
-        const acc_t gradient = static_cast<acc_t>(lane_gradients[v * tiling.bins_per_block + b]);
+        for (int v = 0; v < V; ++v) {
+          const int32_t best_sample = lane_argmax[v * tiling.bins_per_block + b];
+          if (best_sample < 0 || best_sample >= num_samples) continue;
+          const int iy = best_sample / grid.bins.grid_w;
+          const PointTaps<acc_t> taps =
+              point_taps(grid.template y_taps<kTabulated>(ph, iy),
+                         grid.template x_taps<kTabulated>(pw, best_sample - iy * grid.bins.grid_w));
+          if (!taps.valid) continue;
+          const acc_t gradient = static_cast<acc_t>(lane_gradients[v * tiling.bins_per_block + b]);
 #pragma unroll
-        for (int tap = 0; tap < 4; ++tap) atomicAdd(lane_image + taps.offset[tap] + v, taps.weight[tap] * gradient);
+          for (int tap = 0; tap < 4; ++tap)
+            atomicAdd(lane_image + taps.offset[tap] + v, taps.weight[tap] * gradient);
+        }
+        continue;
       }
-      continue;
+      acc_t share[V], contribution[V];
+#pragma unroll
+      for (int v = 0; v < V; ++v) share[v] = static_cast<acc_t>(lane_gradients[v * tiling.bins_per_block + b]);
+      divide_by_count<V>(share, max(num_samples, 1));
+      for_each_sample<kTabulated>(grid, ph, pw, [&](int, const PointTaps<acc_t>& taps) {
+        if (!taps.valid) return;
+#pragma unroll
+        for (int tap = 0; tap < 4; ++tap) {
+#pragma unroll
+          for (int v = 0; v < V; ++v) contribution[v] = taps.weight[tap] * share[v];
+          atomic_add_packet<V>(lane_image + taps.offset[tap], contribution);
+        }
+      });
     }
-    acc_t share[V], contribution[V];
-#pragma unroll
-    for (int v = 0; v < V; ++v) share[v] = static_cast<acc_t>(lane_gradients[v * tiling.bins_per_block + b]) / count;
-    for_each_sample(grid, ph, pw, [&](int, const PointTaps<acc_t>& taps) {
-      if (!taps.valid) return;
-#pragma unroll
-      for (int tap = 0; tap < 4; ++tap) {
-#pragma unroll
-        for (int v = 0; v < V; ++v) contribution[v] = taps.weight[tap] * share[v];
-        atomic_add_packet<V>(lane_image + taps.offset[tap], contribution);
-      }
-    });
-  }
+  });
 }
 
 bool capturing_graph() {
