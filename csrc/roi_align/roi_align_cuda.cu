@@ -374,7 +374,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   __syncthreads();
 
   const int64_t lane_channel = work.first_channel + int64_t{lane} * V;
-  if (lane_channel >= channels) return;  // no shuffles or barriers below
+  if (lane_channel >= channels) return;  // no barriers below
   const int num_samples = grid.bins.grid_h * grid.bins.grid_w;
   acc_t* lane_image = grads.data[level] + batch_index * grads.stride_n[level] + lane_channel * grads.stride_c[level];
   const scalar_t* lane_gradients = gradient_tile + lane * tiling.lane_pitch;
