@@ -132,11 +132,12 @@ YFD_HOST_DEVICE AxisTaps<acc_t> axis_taps(acc_t coordinate, int64_t size, int64_
   return taps;
 }
 
-// The four taps of a sample point: element offsets inside one channel plane and bilinear weights.
-template <typename acc_t>
+// The four taps of a sample point: element offsets inside one channel plane and bilinear weights. The CUDA kernels
+// also build them with 32-bit offsets from their shared-memory tables.
+template <typename acc_t, typename offset_t = int64_t>
 struct PointTaps {
   bool valid;
-  int64_t offset[4];  // (low y, low x), (low y, high x), (high y, low x), (high y, high x)
+  offset_t offset[4];  // (low y, low x), (low y, high x), (high y, low x), (high y, high x)
   acc_t weight[4];
 };
 

@@ -20,6 +20,7 @@
 #include <torch/library.h>
 
 #include <cuda/std/limits>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -57,13 +58,24 @@ struct Tiling {
   int64_t value_bytes;
   int64_t shared_bytes;
   int64_t blocks;
+  bool tap_tables;  // whether tap tables may be used: every map's plane offsets fit in 32 bits
 };
 
-// vector_width: V; value_size: the bytes of a tile element (the output or grad_output dtype); table_bytes: the
-// bytes of the tap tables.
-Tiling make_tiling(int64_t num_rois, int64_t channels, int64_t num_bins, int vector_width, int64_t value_size,
-                   int64_t table_bytes, bool max_mode) {
+// Whether every map's (H, W) plane is addressed by 32-bit element offsets, as the tap tables hold them.
+bool plane_offsets_fit_int32(at::TensorList maps) {
+  for (const at::Tensor& map : maps) {
+    if ((map.size(2) - 1) * map.stride(2) + (map.size(3) - 1) * map.stride(3) >= std::numeric_limits<int32_t>::max())
+      return false;
+  }
+  return true;
+}
+
+// maps: the NHWC maps the kernels address; vector_width: V; value_size: the bytes of a tile element (the output or
+// grad_output dtype); table_bytes: the bytes of the tap tables.
+Tiling make_tiling(at::TensorList maps, int64_t num_rois, int64_t channels, int64_t num_bins, int vector_width,
+                   int64_t value_size, int64_t table_bytes, bool max_mode) {
   Tiling tiling;
+  tiling.tap_tables = plane_offsets_fit_int32(maps);
   const int64_t packets = (channels + vector_width - 1) / vector_width;
   tiling.group_size = 1;
   while (tiling.group_size < kWarpSize && tiling.group_size < packets) tiling.group_size *= 2;
@@ -142,18 +154,49 @@ __device__ __forceinline__ PlaneShape plane_shape(const LevelTable<element_t>& l
 }
 
 // A RoI's sampling grid on its level. The axis taps of its samples (bin * grid + i along each axis) are tabulated
-// once per block in shared memory, so that a lane's work per sample is two table reads, four loads and the FMAs;
-// a grid too large for the tables (a large sampling_ratio, or the adaptive grid of a huge RoI) computes each tap
-// where it is used. The choice is made once per block (with_tabulation), not per sample.
+// once per block in shared memory, with 32-bit offsets, so that a lane's work per sample is one table read, four
+// 32-bit additions and products, four loads and the FMAs. A grid too large for the tables (a large sampling_ratio,
+// or the adaptive grid of a huge RoI), or a map whose plane offsets need 64 bits, computes each tap where it is used
+// instead. The choice is made once per block (with_tabulation), not per sample.
 constexpr int kTapTable = 128;
+
+// Axis taps as the tables hold them: element offsets inside the plane, low == -1 for a point outside the map.
 template <typename acc_t>
-constexpr int64_t kTapTableBytes = 2 * kTapTable * sizeof(AxisTaps<acc_t>);  // a multiple of 16
+struct TableTaps {
+  int32_t low, high;
+  acc_t weight_low, weight_high;
+};
+
+template <typename acc_t>
+constexpr int64_t kTapTableBytes = 2 * kTapTable * sizeof(TableTaps<acc_t>);  // a multiple of 16
+
+template <typename acc_t>
+__device__ __forceinline__ TableTaps<acc_t> table_taps(const AxisTaps<acc_t>& taps) {
+  if (!taps.valid) return {-1, -1, acc_t(0), acc_t(0)};
+  return {static_cast<int32_t>(taps.low), static_cast<int32_t>(taps.high), taps.weight_low, taps.weight_high};
+}
+
+// point_taps() of roi_align.h for table entries: 32-bit offsets, valid unless either axis is outside the map.
+template <typename acc_t>
+__device__ __forceinline__ PointTaps<acc_t, int32_t> point_taps(const TableTaps<acc_t>& y, const TableTaps<acc_t>& x) {
+  PointTaps<acc_t, int32_t> taps;
+  taps.valid = (y.low | x.low) >= 0;
+  taps.offset[0] = y.low + x.low;
+  taps.offset[1] = y.low + x.high;
+  taps.offset[2] = y.high + x.low;
+  taps.offset[3] = y.high + x.high;
+  taps.weight[0] = y.weight_low * x.weight_low;
+  taps.weight[1] = y.weight_low * x.weight_high;
+  taps.weight[2] = y.weight_high * x.weight_low;
+  taps.weight[3] = y.weight_high * x.weight_high;
+  return taps;
+}
 
 template <typename acc_t>
 struct SampleGrid {
   RoiBins<acc_t> bins;
   PlaneShape plane;
-  const AxisTaps<acc_t>* tables;  // y taps, then x taps from kTapTable on; null when not tabulated
+  const TableTaps<acc_t>* tables;  // y taps, then x taps from kTapTable on; null when not tabulated
 
   __device__ __forceinline__ AxisTaps<acc_t> compute_y(int ph, int iy) const {
     return axis_taps(sample_coordinate(bins.start_y, bins.bin_height, ph, iy, bins.grid_h), plane.height,
@@ -166,30 +209,32 @@ struct SampleGrid {
   }
 
   template <bool kTabulated>
-  __device__ __forceinline__ AxisTaps<acc_t> y_taps(int ph, int iy) const {
+  __device__ __forceinline__ auto y_taps(int ph, int iy) const {
     if constexpr (kTabulated) return tables[ph * bins.grid_h + iy];
     else return compute_y(ph, iy);
   }
 
   template <bool kTabulated>
-  __device__ __forceinline__ AxisTaps<acc_t> x_taps(int pw, int ix) const {
+  __device__ __forceinline__ auto x_taps(int pw, int ix) const {
     if constexpr (kTabulated) return tables[kTapTable + pw * bins.grid_w + ix];
     else return compute_x(pw, ix);
   }
 };
 
-// Fills the block's tap tables when both axes fit. Every thread of the block must call it (it synchronises).
+// Fills the block's tap tables when both axes fit and the launcher allows 32-bit offsets (tiling.tap_tables).
+// Every thread of the block must call it (it synchronises).
 template <typename acc_t>
 __device__ __forceinline__ SampleGrid<acc_t> sample_grid(const RoiBins<acc_t>& bins, const PlaneShape& plane,
-                                                         const PoolParams& params, AxisTaps<acc_t>* tables) {
+                                                         const PoolParams& params, const Tiling& tiling,
+                                                         TableTaps<acc_t>* tables) {
   SampleGrid<acc_t> grid{bins, plane, nullptr};
   const int y_entries = static_cast<int>(params.pooled_height) * bins.grid_h;
   const int x_entries = static_cast<int>(params.pooled_width) * bins.grid_w;
-  if (y_entries <= kTapTable && x_entries <= kTapTable) {
+  if (tiling.tap_tables && y_entries <= kTapTable && x_entries <= kTapTable) {
     for (int i = threadIdx.x; i < y_entries; i += blockDim.x)
-      tables[i] = grid.compute_y(i / bins.grid_h, i % bins.grid_h);
+      tables[i] = table_taps(grid.compute_y(i / bins.grid_h, i % bins.grid_h));
     for (int i = threadIdx.x; i < x_entries; i += blockDim.x)
-      tables[kTapTable + i] = grid.compute_x(i / bins.grid_w, i % bins.grid_w);
+      tables[kTapTable + i] = table_taps(grid.compute_x(i / bins.grid_w, i % bins.grid_w));
     grid.tables = tables;
   }
   __syncthreads();
@@ -208,7 +253,7 @@ __device__ __forceinline__ void with_tabulation(const SampleGrid<acc_t>& grid, P
 template <bool kTabulated, typename acc_t, typename Visit>
 __device__ __forceinline__ void for_each_sample(const SampleGrid<acc_t>& grid, int ph, int pw, Visit visit) {
   for (int iy = 0; iy < grid.bins.grid_h; ++iy) {
-    const AxisTaps<acc_t> y = grid.template y_taps<kTabulated>(ph, iy);
+    const auto y = grid.template y_taps<kTabulated>(ph, iy);
     // Two samples per round: their loads are in flight together.
 #pragma unroll 2
     for (int ix = 0; ix < grid.bins.grid_w; ++ix)
@@ -230,19 +275,51 @@ __device__ __forceinline__ void divide_by_count(acc_t (&values)[V], int count) {
   }
 }
 
-// The sample's bilinear value for the lane's V channels (0 outside the map), summed in interpolate()'s order.
-template <int V, typename scalar_t, typename acc_t>
-__device__ __forceinline__ void interpolate_packet(const scalar_t* lane_image, const PointTaps<acc_t>& taps,
-                                                   acc_t (&value)[V]) {
+// The packet at `address` (of a map the kernel only reads), through the read-only data path (ld.global.nc) in
+// 16-byte or smaller pieces.
+template <typename T, int V>
+__device__ __forceinline__ Packet<T, V> load_packet(const T* address) {
+  Packet<T, V> packet;
+  constexpr int kBytes = sizeof(packet);
+  if constexpr (kBytes % 16 == 0) {
 #pragma unroll
-  for (int v = 0; v < V; ++v) value[v] = acc_t(0);
-  if (!taps.valid) return;
+    for (int i = 0; i < kBytes / 16; ++i)
+      reinterpret_cast<uint4*>(&packet)[i] = __ldg(reinterpret_cast<const uint4*>(address) + i);
+  } else if constexpr (kBytes == 8) {
+    *reinterpret_cast<uint2*>(&packet) = __ldg(reinterpret_cast<const uint2*>(address));
+  } else if constexpr (kBytes == 4) {
+    *reinterpret_cast<unsigned int*>(&packet) = __ldg(reinterpret_cast<const unsigned int*>(address));
+  } else {
+    static_assert(kBytes == 2, "packets of 2, 4, 8 or a multiple of 16 bytes");
+    *reinterpret_cast<unsigned short*>(&packet) = __ldg(reinterpret_cast<const unsigned short*>(address));
+  }
+  return packet;
+}
+
+// The sample's bilinear value for the lane's V channels, summed in interpolate()'s order. False, and value left
+// as it was, for a sample outside the map (which reads 0).
+template <int V, typename scalar_t, typename acc_t, typename offset_t>
+__device__ __forceinline__ bool interpolate_packet(const scalar_t* lane_image, const PointTaps<acc_t, offset_t>& taps,
+                                                   acc_t (&value)[V]) {
+  if (!taps.valid) return false;
 #pragma unroll
   for (int tap = 0; tap < 4; ++tap) {
-    const Packet<scalar_t, V> packet = *reinterpret_cast<const Packet<scalar_t, V>*>(lane_image + taps.offset[tap]);
+    const Packet<scalar_t, V> packet = load_packet<scalar_t, V>(lane_image + taps.offset[tap]);
 #pragma unroll
-    for (int v = 0; v < V; ++v) value[v] += taps.weight[tap] * static_cast<acc_t>(packet.value[v]);
+    for (int v = 0; v < V; ++v) {
+      const acc_t term = taps.weight[tap] * static_cast<acc_t>(packet.value[v]);
+      value[v] = tap == 0 ? term : value[v] + term;
+    }
   }
+  return true;
+}
+
+// p, held by the compiler as one 64-bit register. A lane's base address (map + image + channel offsets) would
+// otherwise be re-added to every tap's 32-bit offset in 64-bit arithmetic: four instructions per load instead of one.
+template <typename T>
+__device__ __forceinline__ T* opaque_pointer(T* p) {
+  asm("" : "+l"(p));
+  return p;
 }
 
 template <int V>
@@ -272,7 +349,7 @@ __global__ void __launch_bounds__(kMaxThreads)
                              const int64_t* __restrict__ roi_levels, const PoolParams params, const Tiling tiling,
                              scalar_t* __restrict__ out, int32_t* __restrict__ argmax) {
   extern __shared__ __align__(16) unsigned char shared_memory[];
-  AxisTaps<acc_t>* tap_tables = reinterpret_cast<AxisTaps<acc_t>*>(shared_memory);
+  TableTaps<acc_t>* tap_tables = reinterpret_cast<TableTaps<acc_t>*>(shared_memory);
   scalar_t* value_tile = reinterpret_cast<scalar_t*>(shared_memory + tiling.table_bytes);
   int32_t* argmax_tile = reinterpret_cast<int32_t*>(shared_memory + tiling.table_bytes + tiling.value_bytes);
   const int pooled_width = static_cast<int>(params.pooled_width);
@@ -290,11 +367,11 @@ __global__ void __launch_bounds__(kMaxThreads)
   int64_t batch_index;
   if (roi_source(roi, roi_levels, work.roi, levels, level, batch_index)) {  // block-uniform
     const SampleGrid<acc_t> grid = sample_grid(roi_bins(roi, static_cast<acc_t>(levels.spatial_scale[level]), params),
-                                               plane_shape(levels, level), params, tap_tables);
+                                               plane_shape(levels, level), params, tiling, tap_tables);
     const int count = max(grid.bins.grid_h * grid.bins.grid_w, 1);
     // Lanes past the last channel read channel 0 (in bounds); their rows of the tile are never written out.
-    const scalar_t* lane_image = levels.data[level] + batch_index * levels.stride_n[level] +
-                                 (lane_channel < channels ? lane_channel : 0) * levels.stride_c[level];
+    const scalar_t* lane_image = opaque_pointer(levels.data[level] + batch_index * levels.stride_n[level] +
+                                                (lane_channel < channels ? lane_channel : 0) * levels.stride_c[level]);
     with_tabulation(grid, [&](auto tabulated) {
       for (int b = group; b < work.num_bins; b += num_groups) {
         const int bin = work.first_bin + b, ph = bin / pooled_width, pw = bin - ph * pooled_width;
@@ -306,14 +383,15 @@ __global__ void __launch_bounds__(kMaxThreads)
           best[v] = -::cuda::std::numeric_limits<acc_t>::infinity();
           best_sample[v] = -1;
         }
-        for_each_sample<decltype(tabulated)::value>(grid, ph, pw, [&](int sample, const PointTaps<acc_t>& taps) {
-          interpolate_packet<V>(lane_image, taps, value);
+        for_each_sample<decltype(tabulated)::value>(grid, ph, pw, [&](int sample, const auto& taps) {
+          const bool inside = interpolate_packet<V>(lane_image, taps, value);
 #pragma unroll
           for (int v = 0; v < V; ++v) {
+            const acc_t sample_value = inside ? value[v] : acc_t(0);
             if (!kMaxMode) {
-              sum[v] += value[v];
-            } else if (value[v] > best[v]) {
-              best[v] = value[v];
+              if (inside) sum[v] += value[v];
+            } else if (sample_value > best[v]) {
+              best[v] = sample_value;
               best_sample[v] = sample;
             }
           }
@@ -350,7 +428,7 @@ __global__ void __launch_bounds__(kMaxThreads)
                               const int64_t* __restrict__ roi_levels, const PoolParams params, const Tiling tiling,
                               const scalar_t* __restrict__ grad_output, const int32_t* __restrict__ argmax) {
   extern __shared__ __align__(16) unsigned char shared_memory[];
-  AxisTaps<acc_t>* tap_tables = reinterpret_cast<AxisTaps<acc_t>*>(shared_memory);
+  TableTaps<acc_t>* tap_tables = reinterpret_cast<TableTaps<acc_t>*>(shared_memory);
   scalar_t* gradient_tile = reinterpret_cast<scalar_t*>(shared_memory + tiling.table_bytes);
   int32_t* argmax_tile = reinterpret_cast<int32_t*>(shared_memory + tiling.table_bytes + tiling.value_bytes);
   const int pooled_width = static_cast<int>(params.pooled_width);
@@ -366,7 +444,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   if (!roi_source(roi, roi_levels, work.roi, grads, level, batch_index)) return;  // block-uniform
 
   const SampleGrid<acc_t> grid = sample_grid(roi_bins(roi, static_cast<acc_t>(grads.spatial_scale[level]), params),
-                                             plane_shape(grads, level), params, tap_tables);
+                                             plane_shape(grads, level), params, tiling, tap_tables);
   for_each_tile_element<V>(work, tiling, channels, num_bins, [&](int tile_index, int64_t index) {
     gradient_tile[tile_index] = grad_output[index];
     if (kMaxMode) argmax_tile[tile_index] = argmax[index];
@@ -376,7 +454,8 @@ __global__ void __launch_bounds__(kMaxThreads)
   const int64_t lane_channel = work.first_channel + int64_t{lane} * V;
   if (lane_channel >= channels) return;  // no barriers below
   const int num_samples = grid.bins.grid_h * grid.bins.grid_w;
-  acc_t* lane_image = grads.data[level] + batch_index * grads.stride_n[level] + lane_channel * grads.stride_c[level];
+  acc_t* lane_image =
+      opaque_pointer(grads.data[level] + batch_index * grads.stride_n[level] + lane_channel * grads.stride_c[level]);
   const scalar_t* lane_gradients = gradient_tile + lane * tiling.lane_pitch;
   const int32_t* lane_argmax = argmax_tile + lane * tiling.lane_pitch;
   with_tabulation(grid, [&](auto tabulated) {
@@ -389,7 +468,7 @@ __global__ void __launch_bounds__(kMaxThreads)
           const int32_t best_sample = lane_argmax[v * tiling.bins_per_block + b];
           if (best_sample < 0 || best_sample >= num_samples) continue;
           const int iy = best_sample / grid.bins.grid_w;
-          const PointTaps<acc_t> taps =
+          const auto taps =
               point_taps(grid.template y_taps<kTabulated>(ph, iy),
                          grid.template x_taps<kTabulated>(pw, best_sample - iy * grid.bins.grid_w));
           if (!taps.valid) continue;
@@ -404,7 +483,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
       for (int v = 0; v < V; ++v) share[v] = static_cast<acc_t>(lane_gradients[v * tiling.bins_per_block + b]);
       divide_by_count<V>(share, max(num_samples, 1));
-      for_each_sample<kTabulated>(grid, ph, pw, [&](int, const PointTaps<acc_t>& taps) {
+      for_each_sample<kTabulated>(grid, ph, pw, [&](int, const auto& taps) {
         if (!taps.valid) return;
 #pragma unroll
         for (int tap = 0; tap < 4; ++tap) {
@@ -677,8 +756,8 @@ std::tuple<at::Tensor, at::Tensor> multiscale_forward_cuda(at::TensorList featur
     const int width = packet_width<packet_bytes, scalar_t>(channels_last);
     with_packet_width<packet_bytes, scalar_t>(width, [&](auto packet) {
       constexpr int V = decltype(packet)::value;
-      const Tiling tiling = make_tiling(num_rois, channels, pooled_height * pooled_width, V, sizeof(scalar_t),
-                                        kTapTableBytes<acc_t>, max_mode);
+      const Tiling tiling = make_tiling(channels_last, num_rois, channels, pooled_height * pooled_width, V,
+                                        sizeof(scalar_t), kTapTableBytes<acc_t>, max_mode);
       // Avg and max mode are separate kernels: max mode's per-channel argmax state would cost avg mode registers.
       const auto kernel = max_mode ? roi_align_forward_kernel<scalar_t, acc_t, V, true>
                                    : roi_align_forward_kernel<scalar_t, acc_t, V, false>;
@@ -721,7 +800,7 @@ std::vector<at::Tensor> multiscale_backward_cuda(const at::Tensor& grad_output, 
       const int width = packet_width<kBackwardPacketBytes, acc_t>(buffers);
       with_packet_width<kBackwardPacketBytes, acc_t>(width, [&](auto packet) {
         constexpr int V = decltype(packet)::value;
-        const Tiling tiling = make_tiling(rois.size(0), channels, num_bins, V, sizeof(scalar_t),
+        const Tiling tiling = make_tiling(buffers, rois.size(0), channels, num_bins, V, sizeof(scalar_t),
                                           kTapTableBytes<acc_t>, max_mode);
         const auto kernel = max_mode ? roi_align_backward_kernel<scalar_t, acc_t, V, true>
                                      : roi_align_backward_kernel<scalar_t, acc_t, V, false>;
