@@ -58,7 +58,8 @@ struct Tiling {
   int64_t value_bytes;
   int64_t shared_bytes;
   int64_t blocks;
-  bool tap_tables;  // whether tap tables may be used: every map's plane offsets fit in 32 bits
+  bool tap_tables;      // whether tap tables may be used: every map's plane offsets fit in 32 bits
+  bool all_tabulated;   // whether every block's grid fits the tables (a fixed sampling_ratio small enough)
 };
 
 // Whether every map's (H, W) plane is addressed by 32-bit element offsets, as the tap tables hold them.
@@ -71,11 +72,16 @@ bool plane_offsets_fit_int32(at::TensorList maps) {
 }
 
 // maps: the NHWC maps the kernels address; vector_width: V; value_size: the bytes of a tile element (the output or
-// grad_output dtype); table_bytes: the bytes of the tap tables.
-Tiling make_tiling(at::TensorList maps, int64_t num_rois, int64_t channels, int64_t num_bins, int vector_width,
-                   int64_t value_size, int64_t table_bytes, bool max_mode) {
+// grad_output dtype); table_bytes: the bytes of the tap tables, which hold kTapTable entries per axis.
+Tiling make_tiling(at::TensorList maps, int64_t num_rois, int64_t channels, const PoolParams& params,
+                   int vector_width, int64_t value_size, int64_t table_bytes, int64_t table_entries) {
   Tiling tiling;
   tiling.tap_tables = plane_offsets_fit_int32(maps);
+  tiling.all_tabulated = tiling.tap_tables && params.sampling_ratio > 0 &&
+                         params.pooled_height * params.sampling_ratio <= table_entries &&
+                         params.pooled_width * params.sampling_ratio <= table_entries;
+  const int64_t num_bins = params.pooled_height * params.pooled_width;
+  const bool max_mode = params.max_mode;
   const int64_t packets = (channels + vector_width - 1) / vector_width;
   tiling.group_size = 1;
   while (tiling.group_size < kWarpSize && tiling.group_size < packets) tiling.group_size *= 2;
@@ -160,7 +166,8 @@ __device__ __forceinline__ PlaneShape plane_shape(const LevelTable<element_t>& l
 // instead. The choice is made once per block (with_tabulation), not per sample.
 constexpr int kTapTable = 128;
 
-// Axis taps as the tables hold them: element offsets inside the plane, low == -1 for a point outside the map.
+// Axis taps as the tables hold them: element offsets inside the plane and weights. A point outside the map has
+// weights 0 and offsets 0 (so that it can be read without a branch); inside, weight_low = 1 - fraction > 0.
 template <typename acc_t>
 struct TableTaps {
   int32_t low, high;
@@ -172,7 +179,7 @@ constexpr int64_t kTapTableBytes = 2 * kTapTable * sizeof(TableTaps<acc_t>);  //
 
 template <typename acc_t>
 __device__ __forceinline__ TableTaps<acc_t> table_taps(const AxisTaps<acc_t>& taps) {
-  if (!taps.valid) return {-1, -1, acc_t(0), acc_t(0)};
+  if (!taps.valid) return {0, 0, acc_t(0), acc_t(0)};
   return {static_cast<int32_t>(taps.low), static_cast<int32_t>(taps.high), taps.weight_low, taps.weight_high};
 }
 
@@ -180,7 +187,7 @@ __device__ __forceinline__ TableTaps<acc_t> table_taps(const AxisTaps<acc_t>& ta
 template <typename acc_t>
 __device__ __forceinline__ PointTaps<acc_t, int32_t> point_taps(const TableTaps<acc_t>& y, const TableTaps<acc_t>& x) {
   PointTaps<acc_t, int32_t> taps;
-  taps.valid = (y.low | x.low) >= 0;
+  taps.valid = y.weight_low > acc_t(0) && x.weight_low > acc_t(0);
   taps.offset[0] = y.low + x.low;
   taps.offset[1] = y.low + x.high;
   taps.offset[2] = y.high + x.low;
@@ -242,10 +249,11 @@ __device__ __forceinline__ SampleGrid<acc_t> sample_grid(const RoiBins<acc_t>& b
 }
 
 // Calls pool(std::true_type()) when the grid is tabulated, pool(std::false_type()) otherwise, so that each sample
-// loop is compiled for one source of taps.
-template <typename acc_t, typename Pool>
+// loop is compiled for one source of taps. kAllTabulated (tiling.all_tabulated, known on the host) compiles only the
+// first: the computed taps' registers (80 instead of 64 for float32) would otherwise count for every block.
+template <bool kAllTabulated, typename acc_t, typename Pool>
 __device__ __forceinline__ void with_tabulation(const SampleGrid<acc_t>& grid, Pool pool) {
-  if (grid.tables != nullptr) pool(std::true_type());
+  if (kAllTabulated || grid.tables != nullptr) pool(std::true_type());
   else pool(std::false_type());
 }
 
@@ -296,12 +304,12 @@ __device__ __forceinline__ Packet<T, V> load_packet(const T* address) {
   return packet;
 }
 
-// The sample's bilinear value for the lane's V channels, summed in interpolate()'s order. False, and value left
-// as it was, for a sample outside the map (which reads 0).
+// The sample's bilinear value for the lane's V channels, summed in interpolate()'s order; 0 outside the map. Read
+// without a branch (outside, the taps are offsets 0, in bounds, and the value is then replaced by a select), so that
+// the loads of consecutive samples can be in flight together.
 template <int V, typename scalar_t, typename acc_t, typename offset_t>
-__device__ __forceinline__ bool interpolate_packet(const scalar_t* lane_image, const PointTaps<acc_t, offset_t>& taps,
+__device__ __forceinline__ void interpolate_packet(const scalar_t* lane_image, const PointTaps<acc_t, offset_t>& taps,
                                                    acc_t (&value)[V]) {
-  if (!taps.valid) return false;
 #pragma unroll
   for (int tap = 0; tap < 4; ++tap) {
     const Packet<scalar_t, V> packet = load_packet<scalar_t, V>(lane_image + taps.offset[tap]);
@@ -311,7 +319,8 @@ __device__ __forceinline__ bool interpolate_packet(const scalar_t* lane_image, c
       value[v] = tap == 0 ? term : value[v] + term;
     }
   }
-  return true;
+#pragma unroll
+  for (int v = 0; v < V; ++v) value[v] = taps.valid ? value[v] : acc_t(0);
 }
 
 // p, held by the compiler as one 64-bit register. A lane's base address (map + image + channel offsets) would
@@ -330,11 +339,12 @@ __device__ __forceinline__ void atomic_add_packet(float* address, const float (&
     for (int v = 0; v < V; v += 4)
       atomicAdd(reinterpret_cast<float4*>(address + v),
                 make_float4(values[v], values[v + 1], values[v + 2], values[v + 3]));
-    return;
-  }
+  } else
 #endif
+  {
 #pragma unroll
-  for (int v = 0; v < V; ++v) atomicAdd(address + v, values[v]);
+    for (int v = 0; v < V; ++v) atomicAdd(address + v, values[v]);
+  }
 }
 
 template <int V>
@@ -343,7 +353,7 @@ __device__ __forceinline__ void atomic_add_packet(double* address, const double 
   for (int v = 0; v < V; ++v) atomicAdd(address + v, values[v]);
 }
 
-template <typename scalar_t, typename acc_t, int V, bool kMaxMode>
+template <typename scalar_t, typename acc_t, int V, bool kMaxMode, bool kAllTabulated>
 __global__ void __launch_bounds__(kMaxThreads)
     roi_align_forward_kernel(const LevelTable<const scalar_t> levels, const acc_t* __restrict__ rois,
                              const int64_t* __restrict__ roi_levels, const PoolParams params, const Tiling tiling,
@@ -372,7 +382,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     // Lanes past the last channel read channel 0 (in bounds); their rows of the tile are never written out.
     const scalar_t* lane_image = opaque_pointer(levels.data[level] + batch_index * levels.stride_n[level] +
                                                 (lane_channel < channels ? lane_channel : 0) * levels.stride_c[level]);
-    with_tabulation(grid, [&](auto tabulated) {
+    with_tabulation<kAllTabulated>(grid, [&](auto tabulated) {
       for (int b = group; b < work.num_bins; b += num_groups) {
         const int bin = work.first_bin + b, ph = bin / pooled_width, pw = bin - ph * pooled_width;
         acc_t sum[V], best[V], value[V];
@@ -384,14 +394,13 @@ __global__ void __launch_bounds__(kMaxThreads)
           best_sample[v] = -1;
         }
         for_each_sample<decltype(tabulated)::value>(grid, ph, pw, [&](int sample, const auto& taps) {
-          const bool inside = interpolate_packet<V>(lane_image, taps, value);
+          interpolate_packet<V>(lane_image, taps, value);
 #pragma unroll
           for (int v = 0; v < V; ++v) {
-            const acc_t sample_value = inside ? value[v] : acc_t(0);
             if (!kMaxMode) {
-              if (inside) sum[v] += value[v];
-            } else if (sample_value > best[v]) {
-              best[v] = sample_value;
+              sum[v] += value[v];
+            } else if (value[v] > best[v]) {
+              best[v] = value[v];
               best_sample[v] = sample;
             }
           }
@@ -454,15 +463,15 @@ __global__ void __launch_bounds__(kMaxThreads)
   const int64_t lane_channel = work.first_channel + int64_t{lane} * V;
   if (lane_channel >= channels) return;  // no barriers below
   const int num_samples = grid.bins.grid_h * grid.bins.grid_w;
-  acc_t* lane_image =
-      opaque_pointer(grads.data[level] + batch_index * grads.stride_n[level] + lane_channel * grads.stride_c[level]);
+  // Not an opaque_pointer: the atomics would then take the generic path (ATOM instead of REDG), slower.
+  acc_t* lane_image = grads.data[level] + batch_index * grads.stride_n[level] + lane_channel * grads.stride_c[level];
   const scalar_t* lane_gradients = gradient_tile + lane * tiling.lane_pitch;
   const int32_t* lane_argmax = argmax_tile + lane * tiling.lane_pitch;
-  with_tabulation(grid, [&](auto tabulated) {
+  with_tabulation<false>(grid, [&](auto tabulated) {
     constexpr bool kTabulated = decltype(tabulated)::value;
     for (int b = group; b < work.num_bins; b += num_groups) {
       const int bin = work.first_bin + b, ph = bin / pooled_width, pw = bin - ph * pooled_width;
-      if (kMaxMode) {  // each channel sends its gradient to its own best sample
+      if constexpr (kMaxMode) {  // each channel sends its gradient to its own best sample
 #pragma unroll
         for (int v = 0; v < V; ++v) {
           const int32_t best_sample = lane_argmax[v * tiling.bins_per_block + b];
@@ -477,21 +486,21 @@ __global__ void __launch_bounds__(kMaxThreads)
           for (int tap = 0; tap < 4; ++tap)
             atomicAdd(lane_image + taps.offset[tap] + v, taps.weight[tap] * gradient);
         }
-        continue;
+      } else {
+        acc_t share[V], contribution[V];
+#pragma unroll
+        for (int v = 0; v < V; ++v) share[v] = static_cast<acc_t>(lane_gradients[v * tiling.bins_per_block + b]);
+        divide_by_count<V>(share, max(num_samples, 1));
+        for_each_sample<kTabulated>(grid, ph, pw, [&](int, const auto& taps) {
+          if (!taps.valid) return;
+#pragma unroll
+          for (int tap = 0; tap < 4; ++tap) {
+#pragma unroll
+            for (int v = 0; v < V; ++v) contribution[v] = taps.weight[tap] * share[v];
+            atomic_add_packet<V>(lane_image + taps.offset[tap], contribution);
+          }
+        });
       }
-      acc_t share[V], contribution[V];
-#pragma unroll
-      for (int v = 0; v < V; ++v) share[v] = static_cast<acc_t>(lane_gradients[v * tiling.bins_per_block + b]);
-      divide_by_count<V>(share, max(num_samples, 1));
-      for_each_sample<kTabulated>(grid, ph, pw, [&](int, const auto& taps) {
-        if (!taps.valid) return;
-#pragma unroll
-        for (int tap = 0; tap < 4; ++tap) {
-#pragma unroll
-          for (int v = 0; v < V; ++v) contribution[v] = taps.weight[tap] * share[v];
-          atomic_add_packet<V>(lane_image + taps.offset[tap], contribution);
-        }
-      });
     }
   });
 }
@@ -593,17 +602,21 @@ class PreparedRois {
   void finish(const char* op, int64_t batch) {
     if (written_ == nullptr) return;
     C10_CUDA_CHECK(cudaEventSynchronize(written_));
-    const at::Tensor ranges = ranges_.to(at::kDouble);
-    const double* values = ranges.const_data_ptr<double>();
+    if (ranges_.scalar_type() == at::kFloat) check_ranges(op, ranges_.const_data_ptr<float>(), batch);
+    else check_ranges(op, ranges_.const_data_ptr<double>(), batch);
+  }
+
+ private:
+  template <typename acc_t>
+  void check_ranges(const char* op, const acc_t* values, int64_t batch) const {
     double lowest = values[0], highest = values[1];
-    for (int64_t i = 1; i < ranges.size(0); ++i) {  // NaN propagates, as in the kernel
+    for (int64_t i = 1; i < ranges_.size(0); ++i) {  // NaN propagates, as in the kernel
       lowest = std::isnan(lowest) || lowest < values[2 * i] ? lowest : values[2 * i];
       highest = std::isnan(highest) || highest > values[2 * i + 1] ? highest : values[2 * i + 1];
     }
     check_batch_index_range(op, lowest, highest, batch);
   }
 
- private:
   at::Tensor rois_, ranges_;
   cudaEvent_t written_ = nullptr;
 };
@@ -735,32 +748,38 @@ std::tuple<at::Tensor, at::Tensor> multiscale_forward_cuda(at::TensorList featur
   const at::Tensor& first = features[0];
   const int64_t num_rois = rois.size(0), channels = first.size(1);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  PreparedRois prepared(rois, /*check_batch_indices=*/true, stream);
-  at::Tensor out = at::empty({num_rois, channels, pooled_height, pooled_width}, first.options());
-  at::Tensor argmax = at::empty(max_mode ? out.sizes() : at::IntArrayRef{0}, first.options().dtype(at::kInt));
-  if (out.numel() == 0) {
-    prepared.finish("roi_align", first.size(0));
-    return {out, argmax};
+  const at::TensorOptions int32_options = first.options().dtype(at::kInt);
+  if (num_rois == 0 || channels == 0) {
+    PreparedRois(rois, /*check_batch_indices=*/true, stream).finish("roi_align", first.size(0));
+    const at::Tensor out = at::empty({num_rois, channels, pooled_height, pooled_width}, first.options());
+    return {out, at::empty(max_mode ? out.sizes() : at::IntArrayRef{0}, int32_options)};
   }
 
+  at::Tensor out, argmax;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, first.scalar_type(), "roi_align_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     // Channels-last makes a lane's channels contiguous; maps already in that layout (or with unit channel stride,
-    // e.g. a channels-last slice) are used in place.
+    // e.g. a channels-last slice) are used in place. Transposed first, so that the GPU works while the host readies
+    // the rois.
     std::vector<at::Tensor> channels_last;
     for (const at::Tensor& map : features)
       channels_last.push_back(map.stride(1) == 1 ? map
                                                  : relayout<scalar_t, scalar_t>(map, map.scalar_type(),
                                                                                 at::MemoryFormat::ChannelsLast, stream));
+    PreparedRois prepared(rois, /*check_batch_indices=*/true, stream);
+    out = at::empty({num_rois, channels, pooled_height, pooled_width}, first.options());
+    argmax = at::empty(max_mode ? out.sizes() : at::IntArrayRef{0}, int32_options);
     constexpr int packet_bytes = kForwardPacketBytes<scalar_t>;
     const int width = packet_width<packet_bytes, scalar_t>(channels_last);
     with_packet_width<packet_bytes, scalar_t>(width, [&](auto packet) {
       constexpr int V = decltype(packet)::value;
-      const Tiling tiling = make_tiling(channels_last, num_rois, channels, pooled_height * pooled_width, V,
-                                        sizeof(scalar_t), kTapTableBytes<acc_t>, max_mode);
+      const Tiling tiling = make_tiling(channels_last, num_rois, channels, args.params, V, sizeof(scalar_t),
+                                        kTapTableBytes<acc_t>, kTapTable);
       // Avg and max mode are separate kernels: max mode's per-channel argmax state would cost avg mode registers.
-      const auto kernel = max_mode ? roi_align_forward_kernel<scalar_t, acc_t, V, true>
-                                   : roi_align_forward_kernel<scalar_t, acc_t, V, false>;
+      const auto kernel = max_mode ? (tiling.all_tabulated ? roi_align_forward_kernel<scalar_t, acc_t, V, true, true>
+                                                           : roi_align_forward_kernel<scalar_t, acc_t, V, true, false>)
+                                   : (tiling.all_tabulated ? roi_align_forward_kernel<scalar_t, acc_t, V, false, true>
+                                                           : roi_align_forward_kernel<scalar_t, acc_t, V, false, false>);
       allow_shared_memory(kernel, tiling.shared_bytes);
       kernel<<<tiling.blocks, tiling.threads, tiling.shared_bytes, stream>>>(
           level_table<const scalar_t>(channels_last, spatial_scales), prepared.rois().const_data_ptr<acc_t>(),
@@ -768,8 +787,8 @@ std::tuple<at::Tensor, at::Tensor> multiscale_forward_cuda(at::TensorList featur
           max_mode ? argmax.mutable_data_ptr<int32_t>() : nullptr);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
+    prepared.finish("roi_align", first.size(0));
   });
-  prepared.finish("roi_align", first.size(0));
   return {out, argmax};
 }
 
@@ -792,7 +811,7 @@ std::vector<at::Tensor> multiscale_backward_cuda(const at::Tensor& grad_output, 
   if (grad_output.numel() > 0) {
     const at::Tensor grad_contiguous = grad_output.contiguous();
     const at::Tensor argmax_contiguous = max_mode ? argmax.contiguous() : argmax;
-    const int64_t channels = grad_output.size(1), num_bins = grad_output.size(2) * grad_output.size(3);
+    const int64_t channels = grad_output.size(1);
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
     const PreparedRois prepared(rois, /*check_batch_indices=*/false, stream);
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "roi_align_backward_cuda", [&] {
@@ -800,8 +819,8 @@ std::vector<at::Tensor> multiscale_backward_cuda(const at::Tensor& grad_output, 
       const int width = packet_width<kBackwardPacketBytes, acc_t>(buffers);
       with_packet_width<kBackwardPacketBytes, acc_t>(width, [&](auto packet) {
         constexpr int V = decltype(packet)::value;
-        const Tiling tiling = make_tiling(buffers, rois.size(0), channels, num_bins, V, sizeof(scalar_t),
-                                          kTapTableBytes<acc_t>, max_mode);
+        const Tiling tiling = make_tiling(buffers, rois.size(0), channels, args.params, V, sizeof(scalar_t),
+                                          kTapTableBytes<acc_t>, kTapTable);
         const auto kernel = max_mode ? roi_align_backward_kernel<scalar_t, acc_t, V, true>
                                      : roi_align_backward_kernel<scalar_t, acc_t, V, false>;
         allow_shared_memory(kernel, tiling.shared_bytes);
