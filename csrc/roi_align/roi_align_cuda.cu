@@ -135,6 +135,25 @@ __device__ __forceinline__ BlockWork block_work(const Tiling& tiling, int num_bi
   return work;
 }
 
+// (ph, pw) of bin `bin` of a row-major grid `width` bins wide, stepped `step` bins at a time without a division per
+// step (an integer division costs some 25 instructions).
+struct BinCursor {
+  int ph, pw;
+  int step_h, step_w, width;
+
+  __device__ __forceinline__ BinCursor(int bin, int step, int width)
+      : ph(bin / width), pw(bin % width), step_h(step / width), step_w(step % width), width(width) {}
+
+  __device__ __forceinline__ void advance() {
+    ph += step_h;
+    pw += step_w;
+    if (pw >= width) {
+      pw -= width;
+      ++ph;
+    }
+  }
+};
+
 // Calls visit(tile index, output index) for every element of the block's tile that exists in the (K, C, PH, PW)
 // output: a warp per channel row, its lanes along the row's bins, i.e. consecutive output addresses.
 template <int V, typename Visit>
@@ -159,23 +178,41 @@ __device__ __forceinline__ PlaneShape plane_shape(const LevelTable<element_t>& l
   return {levels.height[level], levels.width[level], levels.stride_h[level], levels.stride_w[level]};
 }
 
-// A RoI's sampling grid on its level. The axis taps of its samples (bin * grid + i along each axis) are tabulated
-// once per block in shared memory, with 32-bit offsets, so that a lane's work per sample is one table read, four
-// 32-bit additions and products, four loads and the FMAs. A grid too large for the tables (a large sampling_ratio,
-// or the adaptive grid of a huge RoI), or a map whose plane offsets need 64 bits, computes each tap where it is used
-// instead. The choice is made once per block (with_tabulation), not per sample.
-constexpr int kTapTable = 128;
+// A RoI's sampling grid on its level, with its taps tabulated once per block in shared memory (32-bit offsets):
+//  - max mode needs each sample's value: the axis taps of every sample (bin * grid + i along each axis);
+//  - avg mode sums the samples of a bin, so their taps are merged per axis: a bin's rows (and columns) are the
+//    distinct rows its samples read, each with the summed weight of those reads, and the bin's sum is that of
+//    weight_y(row) * weight_x(column) * pixel(row, column). A bin of a pixel or two reads each of its 2 or 3 rows
+//    once rather than once per sample: typically 9 loads instead of 16 for 2 x 2 samples. A sample outside the map
+//    adds no tap.
+// A grid too large for the tables (a large sampling_ratio, or the adaptive grid of a huge RoI), or a map whose plane
+// offsets need 64 bits, computes the taps of each sample where it is used instead. The choice is made once per block
+// (with_tabulation), not per sample.
+constexpr int kTapTable = 128;  // samples per axis (pooled size * grid) that the tables hold
 
-// Axis taps as the tables hold them: element offsets inside the plane and weights. A point outside the map has
-// weights 0 and offsets 0 (so that it can be read without a branch); inside, weight_low = 1 - fraction > 0.
+// A sample's axis taps as the max-mode tables hold them: element offsets inside the plane and weights. A point
+// outside the map has weights 0 and offsets 0 (so that it can be read without a branch); inside, weight_low =
+// 1 - fraction > 0.
 template <typename acc_t>
 struct TableTaps {
   int32_t low, high;
   acc_t weight_low, weight_high;
 };
 
+// One merged tap of a bin along one axis (avg mode): a row (or column) offset and the summed weight of its reads.
 template <typename acc_t>
-constexpr int64_t kTapTableBytes = 2 * kTapTable * sizeof(TableTaps<acc_t>);  // a multiple of 16
+struct BinTap {
+  int32_t offset;
+  acc_t weight;
+};
+
+// Avg-mode tables: per axis 2 * kTapTable taps (a bin's taps start at bin * 2 * grid), then the tap counts per bin.
+template <typename acc_t>
+constexpr int64_t kBinTapTableBytes = 2 * 2 * kTapTable * sizeof(BinTap<acc_t>) + 2 * kTapTable * sizeof(int32_t);
+template <typename acc_t>
+constexpr int64_t kTapTableBytes =
+    std::max<int64_t>(2 * kTapTable * sizeof(TableTaps<acc_t>), kBinTapTableBytes<acc_t>);
+static_assert(kTapTableBytes<float> % 16 == 0 && kTapTableBytes<double> % 16 == 0, "the tiles follow the tables");
 
 template <typename acc_t>
 __device__ __forceinline__ TableTaps<acc_t> table_taps(const AxisTaps<acc_t>& taps) {
@@ -199,11 +236,36 @@ __device__ __forceinline__ PointTaps<acc_t, int32_t> point_taps(const TableTaps<
   return taps;
 }
 
+// Writes the merged taps of the `grid` samples that sample(i) gives along one axis of a bin to `taps`, in order, and
+// returns their number (at most 2 * grid).
+template <typename acc_t, typename Sample>
+__device__ __forceinline__ int32_t merge_bin_taps(int grid, Sample sample, BinTap<acc_t>* taps) {
+  int32_t count = 0;
+  const auto add = [&](int64_t offset, acc_t weight) {
+    // Sample coordinates grow with i and a sample's high tap is its low one or the next, so a repeated offset is
+    // one of the last two taps.
+    for (int32_t j = count - 1; j >= 0 && j >= count - 2; --j) {
+      if (taps[j].offset == offset) {
+        taps[j].weight += weight;
+        return;
+      }
+    }
+    taps[count++] = {static_cast<int32_t>(offset), weight};
+  };
+  for (int i = 0; i < grid; ++i) {
+    const AxisTaps<acc_t> axis = sample(i);
+    if (!axis.valid) continue;
+    add(axis.low, axis.weight_low);
+    add(axis.high, axis.weight_high);
+  }
+  return count;
+}
+
 template <typename acc_t>
 struct SampleGrid {
   RoiBins<acc_t> bins;
   PlaneShape plane;
-  const TableTaps<acc_t>* tables;  // y taps, then x taps from kTapTable on; null when not tabulated
+  const void* tables;  // the max-mode or avg-mode tables; null when not tabulated
 
   __device__ __forceinline__ AxisTaps<acc_t> compute_y(int ph, int iy) const {
     return axis_taps(sample_coordinate(bins.start_y, bins.bin_height, ph, iy, bins.grid_h), plane.height,
@@ -215,33 +277,60 @@ struct SampleGrid {
                      plane.stride_w);
   }
 
+  // Max mode: a sample's axis taps.
   template <bool kTabulated>
   __device__ __forceinline__ auto y_taps(int ph, int iy) const {
-    if constexpr (kTabulated) return tables[ph * bins.grid_h + iy];
+    if constexpr (kTabulated) return static_cast<const TableTaps<acc_t>*>(tables)[ph * bins.grid_h + iy];
     else return compute_y(ph, iy);
   }
 
   template <bool kTabulated>
   __device__ __forceinline__ auto x_taps(int pw, int ix) const {
-    if constexpr (kTabulated) return tables[kTapTable + pw * bins.grid_w + ix];
+    if constexpr (kTabulated) return static_cast<const TableTaps<acc_t>*>(tables)[kTapTable + pw * bins.grid_w + ix];
     else return compute_x(pw, ix);
+  }
+
+  // Avg mode: the merged taps of a bin's row ph (axis 0) or column pw (axis 1), and their number.
+  __device__ __forceinline__ const BinTap<acc_t>* bin_taps(int axis, int bin) const {
+    const int grid = axis == 0 ? bins.grid_h : bins.grid_w;
+    return static_cast<const BinTap<acc_t>*>(tables) + axis * 2 * kTapTable + bin * 2 * grid;
+  }
+
+  __device__ __forceinline__ int32_t bin_tap_count(int axis, int bin) const {
+    return reinterpret_cast<const int32_t*>(static_cast<const BinTap<acc_t>*>(tables) + 4 * kTapTable)[axis * kTapTable +
+                                                                                                     bin];
   }
 };
 
-// Fills the block's tap tables when both axes fit and the launcher allows 32-bit offsets (tiling.tap_tables).
-// Every thread of the block must call it (it synchronises).
-template <typename acc_t>
+// Fills the block's tables (of max mode or avg mode) when both axes fit and the launcher allows 32-bit offsets
+// (tiling.tap_tables). Every thread of the block must call it (it synchronises).
+template <bool kMaxMode, typename acc_t>
 __device__ __forceinline__ SampleGrid<acc_t> sample_grid(const RoiBins<acc_t>& bins, const PlaneShape& plane,
                                                          const PoolParams& params, const Tiling& tiling,
-                                                         TableTaps<acc_t>* tables) {
+                                                         void* tables) {
   SampleGrid<acc_t> grid{bins, plane, nullptr};
-  const int y_entries = static_cast<int>(params.pooled_height) * bins.grid_h;
-  const int x_entries = static_cast<int>(params.pooled_width) * bins.grid_w;
-  if (tiling.tap_tables && y_entries <= kTapTable && x_entries <= kTapTable) {
-    for (int i = threadIdx.x; i < y_entries; i += blockDim.x)
-      tables[i] = table_taps(grid.compute_y(i / bins.grid_h, i % bins.grid_h));
-    for (int i = threadIdx.x; i < x_entries; i += blockDim.x)
-      tables[kTapTable + i] = table_taps(grid.compute_x(i / bins.grid_w, i % bins.grid_w));
+  const int pooled_height = static_cast<int>(params.pooled_height), pooled_width = static_cast<int>(params.pooled_width);
+  if (tiling.tap_tables && pooled_height * bins.grid_h <= kTapTable && pooled_width * bins.grid_w <= kTapTable) {
+    if constexpr (kMaxMode) {
+      TableTaps<acc_t>* taps = static_cast<TableTaps<acc_t>*>(tables);
+      for (int i = threadIdx.x; i < pooled_height * bins.grid_h; i += blockDim.x)
+        taps[i] = table_taps(grid.compute_y(i / bins.grid_h, i % bins.grid_h));
+      for (int i = threadIdx.x; i < pooled_width * bins.grid_w; i += blockDim.x)
+        taps[kTapTable + i] = table_taps(grid.compute_x(i / bins.grid_w, i % bins.grid_w));
+    } else {  // a thread per bin row or column
+      BinTap<acc_t>* taps = static_cast<BinTap<acc_t>*>(tables);
+      int32_t* counts = reinterpret_cast<int32_t*>(taps + 4 * kTapTable);
+      for (int i = threadIdx.x; i < pooled_height + pooled_width; i += blockDim.x) {
+        if (i < pooled_height) {
+          counts[i] = merge_bin_taps<acc_t>(bins.grid_h, [&](int iy) { return grid.compute_y(i, iy); },
+                                            taps + i * 2 * bins.grid_h);
+        } else {
+          const int pw = i - pooled_height;
+          counts[kTapTable + pw] = merge_bin_taps<acc_t>(bins.grid_w, [&](int ix) { return grid.compute_x(pw, ix); },
+                                                         taps + 2 * kTapTable + pw * 2 * bins.grid_w);
+        }
+      }
+    }
     grid.tables = tables;
   }
   __syncthreads();
@@ -257,7 +346,8 @@ __device__ __forceinline__ void with_tabulation(const SampleGrid<acc_t>& grid, P
   else pool(std::false_type());
 }
 
-// Calls visit(sample, taps) for every sample of bin (ph, pw), in the order iy * grid_w + ix that argmax holds.
+// Calls visit(sample, taps) for every sample of bin (ph, pw), in the order iy * grid_w + ix that argmax holds:
+// from the max-mode tables (kTabulated) or computed.
 template <bool kTabulated, typename acc_t, typename Visit>
 __device__ __forceinline__ void for_each_sample(const SampleGrid<acc_t>& grid, int ph, int pw, Visit visit) {
   for (int iy = 0; iy < grid.bins.grid_h; ++iy) {
@@ -266,6 +356,28 @@ __device__ __forceinline__ void for_each_sample(const SampleGrid<acc_t>& grid, i
 #pragma unroll 2
     for (int ix = 0; ix < grid.bins.grid_w; ++ix)
       visit(iy * grid.bins.grid_w + ix, point_taps(y, grid.template x_taps<kTabulated>(pw, ix)));
+  }
+}
+
+// Calls visit(offset, weight) for every merged tap of bin (ph, pw) in the avg-mode tables: offset = row offset +
+// column offset, weight = weight_y * weight_x. Columns go four at a time under predicates and rows two at a time,
+// so that up to eight loads of the visitor are in flight together.
+template <typename acc_t, typename Visit>
+__device__ __forceinline__ void for_each_bin_tap(const SampleGrid<acc_t>& grid, int ph, int pw, Visit visit) {
+  const BinTap<acc_t>* rows = grid.bin_taps(0, ph);
+  const BinTap<acc_t>* columns = grid.bin_taps(1, pw);
+  const int32_t num_rows = grid.bin_tap_count(0, ph), num_columns = grid.bin_tap_count(1, pw);
+  for (int32_t first_column = 0; first_column < num_columns; first_column += 4) {
+    BinTap<acc_t> column[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) column[k] = columns[min(first_column + k, num_columns - 1)];
+#pragma unroll 2
+    for (int32_t r = 0; r < num_rows; ++r) {
+      const BinTap<acc_t> row = rows[r];
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        if (first_column + k < num_columns) visit(row.offset + column[k].offset, row.weight * column[k].weight);
+    }
   }
 }
 
@@ -331,6 +443,55 @@ __device__ __forceinline__ T* opaque_pointer(T* p) {
   return p;
 }
 
+// Avg mode: the mean of bin (ph, pw)'s samples for the lane's V channels, from the merged taps (kTabulated) or
+// sample by sample.
+template <bool kTabulated, int V, typename scalar_t, typename acc_t>
+__device__ __forceinline__ void average_bin(const SampleGrid<acc_t>& grid, int ph, int pw, const scalar_t* lane_image,
+                                            acc_t (&sum)[V]) {
+#pragma unroll
+  for (int v = 0; v < V; ++v) sum[v] = acc_t(0);
+  if constexpr (kTabulated) {
+    for_each_bin_tap(grid, ph, pw, [&](int32_t offset, acc_t weight) {
+      const Packet<scalar_t, V> packet = load_packet<scalar_t, V>(lane_image + offset);
+#pragma unroll
+      for (int v = 0; v < V; ++v) sum[v] += weight * static_cast<acc_t>(packet.value[v]);
+    });
+  } else {
+    acc_t value[V];
+    for_each_sample<false>(grid, ph, pw, [&](int, const auto& taps) {
+      interpolate_packet<V>(lane_image, taps, value);
+#pragma unroll
+      for (int v = 0; v < V; ++v) sum[v] += value[v];
+    });
+  }
+  divide_by_count<V>(sum, max(grid.bins.grid_h * grid.bins.grid_w, 1));
+}
+
+// Max mode: per channel, the largest sample of bin (ph, pw) and its index iy * grid_w + ix; 0 and -1 for a bin
+// without samples (or with NaN ones only).
+template <bool kTabulated, int V, typename scalar_t, typename acc_t>
+__device__ __forceinline__ void max_of_bin(const SampleGrid<acc_t>& grid, int ph, int pw, const scalar_t* lane_image,
+                                           acc_t (&best)[V], int32_t (&best_sample)[V]) {
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    best[v] = -::cuda::std::numeric_limits<acc_t>::infinity();
+    best_sample[v] = -1;
+  }
+  acc_t value[V];
+  for_each_sample<kTabulated>(grid, ph, pw, [&](int sample, const auto& taps) {
+    interpolate_packet<V>(lane_image, taps, value);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      if (value[v] > best[v]) {
+        best[v] = value[v];
+        best_sample[v] = sample;
+      }
+    }
+  });
+#pragma unroll
+  for (int v = 0; v < V; ++v) best[v] = best_sample[v] >= 0 ? best[v] : acc_t(0);
+}
+
 template <int V>
 __device__ __forceinline__ void atomic_add_packet(float* address, const float (&values)[V]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -359,7 +520,6 @@ __global__ void __launch_bounds__(kMaxThreads)
                              const int64_t* __restrict__ roi_levels, const PoolParams params, const Tiling tiling,
                              scalar_t* __restrict__ out, int32_t* __restrict__ argmax) {
   extern __shared__ __align__(16) unsigned char shared_memory[];
-  TableTaps<acc_t>* tap_tables = reinterpret_cast<TableTaps<acc_t>*>(shared_memory);
   scalar_t* value_tile = reinterpret_cast<scalar_t*>(shared_memory + tiling.table_bytes);
   int32_t* argmax_tile = reinterpret_cast<int32_t*>(shared_memory + tiling.table_bytes + tiling.value_bytes);
   const int pooled_width = static_cast<int>(params.pooled_width);
@@ -376,42 +536,28 @@ __global__ void __launch_bounds__(kMaxThreads)
   int level;
   int64_t batch_index;
   if (roi_source(roi, roi_levels, work.roi, levels, level, batch_index)) {  // block-uniform
-    const SampleGrid<acc_t> grid = sample_grid(roi_bins(roi, static_cast<acc_t>(levels.spatial_scale[level]), params),
-                                               plane_shape(levels, level), params, tiling, tap_tables);
-    const int count = max(grid.bins.grid_h * grid.bins.grid_w, 1);
+    const SampleGrid<acc_t> grid =
+        sample_grid<kMaxMode>(roi_bins(roi, static_cast<acc_t>(levels.spatial_scale[level]), params),
+                              plane_shape(levels, level), params, tiling, shared_memory);
     // Lanes past the last channel read channel 0 (in bounds); their rows of the tile are never written out.
     const scalar_t* lane_image = opaque_pointer(levels.data[level] + batch_index * levels.stride_n[level] +
                                                 (lane_channel < channels ? lane_channel : 0) * levels.stride_c[level]);
     with_tabulation<kAllTabulated>(grid, [&](auto tabulated) {
-      for (int b = group; b < work.num_bins; b += num_groups) {
-        const int bin = work.first_bin + b, ph = bin / pooled_width, pw = bin - ph * pooled_width;
-        acc_t sum[V], best[V], value[V];
-        int32_t best_sample[V];
+      constexpr bool kTabulated = decltype(tabulated)::value;
+      BinCursor cursor(work.first_bin + group, num_groups, pooled_width);
+      for (int b = group; b < work.num_bins; b += num_groups, cursor.advance()) {
+        const int ph = cursor.ph, pw = cursor.pw;
+        acc_t pooled[V];
+        if constexpr (kMaxMode) {
+          int32_t best_sample[V];
+          max_of_bin<kTabulated, V>(grid, ph, pw, lane_image, pooled, best_sample);
 #pragma unroll
-        for (int v = 0; v < V; ++v) {
-          sum[v] = acc_t(0);
-          best[v] = -::cuda::std::numeric_limits<acc_t>::infinity();
-          best_sample[v] = -1;
+          for (int v = 0; v < V; ++v) lane_argmax[v * tiling.bins_per_block + b] = best_sample[v];
+        } else {
+          average_bin<kTabulated, V>(grid, ph, pw, lane_image, pooled);
         }
-        for_each_sample<decltype(tabulated)::value>(grid, ph, pw, [&](int sample, const auto& taps) {
-          interpolate_packet<V>(lane_image, taps, value);
 #pragma unroll
-          for (int v = 0; v < V; ++v) {
-            if (!kMaxMode) {
-              sum[v] += value[v];
-            } else if (value[v] > best[v]) {
-              best[v] = value[v];
-              best_sample[v] = sample;
-            }
-          }
-        });
-        if (!kMaxMode) divide_by_count<V>(sum, count);
-#pragma unroll
-        for (int v = 0; v < V; ++v) {
-          const acc_t pooled = kMaxMode ? (best_sample[v] >= 0 ? best[v] : acc_t(0)) : sum[v];
-          lane_values[v * tiling.bins_per_block + b] = static_cast<scalar_t>(pooled);
-          if (kMaxMode) lane_argmax[v * tiling.bins_per_block + b] = best_sample[v];
-        }
+        for (int v = 0; v < V; ++v) lane_values[v * tiling.bins_per_block + b] = static_cast<scalar_t>(pooled[v]);
       }
     });
   } else {  // a RoI with a bad batch index or level pools zeros
@@ -437,7 +583,6 @@ __global__ void __launch_bounds__(kMaxThreads)
                               const int64_t* __restrict__ roi_levels, const PoolParams params, const Tiling tiling,
                               const scalar_t* __restrict__ grad_output, const int32_t* __restrict__ argmax) {
   extern __shared__ __align__(16) unsigned char shared_memory[];
-  TableTaps<acc_t>* tap_tables = reinterpret_cast<TableTaps<acc_t>*>(shared_memory);
   scalar_t* gradient_tile = reinterpret_cast<scalar_t*>(shared_memory + tiling.table_bytes);
   int32_t* argmax_tile = reinterpret_cast<int32_t*>(shared_memory + tiling.table_bytes + tiling.value_bytes);
   const int pooled_width = static_cast<int>(params.pooled_width);
@@ -452,8 +597,9 @@ __global__ void __launch_bounds__(kMaxThreads)
   int64_t batch_index;
   if (!roi_source(roi, roi_levels, work.roi, grads, level, batch_index)) return;  // block-uniform
 
-  const SampleGrid<acc_t> grid = sample_grid(roi_bins(roi, static_cast<acc_t>(grads.spatial_scale[level]), params),
-                                             plane_shape(grads, level), params, tiling, tap_tables);
+  const SampleGrid<acc_t> grid =
+      sample_grid<kMaxMode>(roi_bins(roi, static_cast<acc_t>(grads.spatial_scale[level]), params),
+                            plane_shape(grads, level), params, tiling, shared_memory);
   for_each_tile_element<V>(work, tiling, channels, num_bins, [&](int tile_index, int64_t index) {
     gradient_tile[tile_index] = grad_output[index];
     if (kMaxMode) argmax_tile[tile_index] = argmax[index];
@@ -469,8 +615,9 @@ __global__ void __launch_bounds__(kMaxThreads)
   const int32_t* lane_argmax = argmax_tile + lane * tiling.lane_pitch;
   with_tabulation<false>(grid, [&](auto tabulated) {
     constexpr bool kTabulated = decltype(tabulated)::value;
-    for (int b = group; b < work.num_bins; b += num_groups) {
-      const int bin = work.first_bin + b, ph = bin / pooled_width, pw = bin - ph * pooled_width;
+    BinCursor cursor(work.first_bin + group, num_groups, pooled_width);
+    for (int b = group; b < work.num_bins; b += num_groups, cursor.advance()) {
+      const int ph = cursor.ph, pw = cursor.pw;
       if constexpr (kMaxMode) {  // each channel sends its gradient to its own best sample
 #pragma unroll
         for (int v = 0; v < V; ++v) {
@@ -491,15 +638,20 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
         for (int v = 0; v < V; ++v) share[v] = static_cast<acc_t>(lane_gradients[v * tiling.bins_per_block + b]);
         divide_by_count<V>(share, max(num_samples, 1));
-        for_each_sample<kTabulated>(grid, ph, pw, [&](int, const auto& taps) {
-          if (!taps.valid) return;
+        const auto scatter = [&](auto offset, acc_t weight) {
 #pragma unroll
-          for (int tap = 0; tap < 4; ++tap) {
+          for (int v = 0; v < V; ++v) contribution[v] = weight * share[v];
+          atomic_add_packet<V>(lane_image + offset, contribution);
+        };
+        if constexpr (kTabulated) {
+          for_each_bin_tap(grid, ph, pw, scatter);
+        } else {
+          for_each_sample<false>(grid, ph, pw, [&](int, const auto& taps) {
+            if (!taps.valid) return;
 #pragma unroll
-            for (int v = 0; v < V; ++v) contribution[v] = taps.weight[tap] * share[v];
-            atomic_add_packet<V>(lane_image + taps.offset[tap], contribution);
-          }
-        });
+            for (int tap = 0; tap < 4; ++tap) scatter(taps.offset[tap], taps.weight[tap]);
+          });
+        }
       }
     }
   });
