@@ -1,6 +1,6 @@
 """Diagnosis on the GPU machine: where a RoIAlign call spends its time (kernels vs host), ours vs torchvision.
 
-Per case: host ms per call (calls queued without syncing), the benchmark's single-call median (CUDA events around
+Per case: host ms per call (calls queued without syncing), host ms of one call on an idle GPU, the benchmark's single-call median (CUDA events around
 one call after a sync), the GPU time alone (CUDA graph replay), and the kernels of the forward pass.
 """
 
@@ -40,10 +40,20 @@ for dtype in (torch.float32, torch.float16):
                     fn()
                 host = (time.perf_counter() - t) / 50 * 1e3
                 torch.cuda.synchronize()
+                latencies = []
+                for _ in range(30):  # host time of one call on an idle GPU, until it returns
+                    t = time.perf_counter()
+                    fn()
+                    latencies.append((time.perf_counter() - t) * 1e3)
+                    torch.cuda.synchronize()
+                latency = sorted(latencies)[len(latencies) // 2]
                 single = single_call_median_ms(fn, "cuda", 50, 10)
                 gpu = graph_median_ms(lambda: fn(), [()]) if grad is False else None
             gpu_text = f"{gpu:.3f}" if gpu is not None else "-"
-            print(f"{dtype} {name} grad={grad}: host {host:.3f}  single-call {single:.3f}  gpu(graph) {gpu_text} ms")
+            print(
+                f"{dtype} {name} grad={grad}: host {host:.3f}  latency {latency:.3f}  single-call {single:.3f}  "
+                f"gpu(graph) {gpu_text} ms"
+            )
         with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
             for _ in range(10):
                 fn()

@@ -1,6 +1,7 @@
 // Every operator schema of the library, declared once. Kernels are added next to their code with
-// TORCH_LIBRARY_IMPL(yolo_fastdetect, CPU|CUDA, m); fake (meta) kernels and autograd are registered from
-// Python (yolo_fastdetect/ops/*.py).
+// TORCH_LIBRARY_IMPL(yolo_fastdetect, CPU|CUDA, m); fake (meta) kernels are registered from Python
+// (yolo_fastdetect/ops/*.py), and so would autograd be, except for RoIAlign's, which is registered in C++
+// (csrc/roi_align/roi_align_autograd.cpp) to save the Python autograd's host time on every call.
 #include <torch/library.h>
 
 TORCH_LIBRARY(yolo_fastdetect, m) {

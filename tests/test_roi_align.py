@@ -290,8 +290,8 @@ def test_bad_batch_index_under_graph_capture(generator):
 def test_cuda_matches_cpu(generator, dtype, pool_mode, layout):
     """Larger than the other tests: several channel chunks, bin chunks (9 x 9 = 81 bins) and channel packets of
     every width: 70 channels take 2-wide packets, 264 16-byte packets (4 float32, 8 half) with a partly filled
-    last chunk, 272 the forward pass's 32-byte packets of 16-bit types (16 channels a lane, 17 of 32 lanes busy); a map
-    that starts one channel into a channels-last buffer is misaligned for packets and takes one channel per lane."""
+    last chunk, 272 as many 16-bit packets as a chunk's 32 lanes plus two; a map that starts one channel into a
+    channels-last buffer is misaligned for packets and takes one channel per lane."""
     channels = int(layout.rsplit("-", 1)[1])
     x = features(generator, (3, channels, 23, 31), dtype)
     rois = random_rois(generator, 3, 23, 31, 200, spatial_scale=0.5)

@@ -674,9 +674,9 @@ __device__ __forceinline__ T highest_of(T a, T b) {
   return a != a || a > b ? a : b;
 }
 
-// rois (K, 5) of any strides -> contiguous (K, 5) in the accumulation type, a RoI per thread. Unless block_ranges
-// is null, block b also writes the lowest and highest batch index of its RoIs to block_ranges[2b] and [2b + 1]
-// (NaN if one is NaN).
+// rois (K, 5) of any strides -> contiguous (K, 5) in the accumulation type (unless out is null), a RoI per thread.
+// Unless block_ranges is null, block b also writes the lowest and highest batch index of its RoIs to
+// block_ranges[2b] and [2b + 1] (NaN if one is NaN).
 template <typename roi_t, typename acc_t>
 __global__ void __launch_bounds__(kPrepareThreads)
     prepare_rois_kernel(const roi_t* __restrict__ rois, int64_t num_rois, int64_t stride_k, int64_t stride_j,
@@ -684,9 +684,11 @@ __global__ void __launch_bounds__(kPrepareThreads)
   const int64_t k = static_cast<int64_t>(blockIdx.x) * kPrepareThreads + threadIdx.x;
   acc_t lowest = ::cuda::std::numeric_limits<acc_t>::infinity(), highest = -lowest;
   if (k < num_rois) {
+    if (out != nullptr) {
 #pragma unroll
-    for (int j = 0; j < 5; ++j) out[5 * k + j] = static_cast<acc_t>(rois[k * stride_k + j * stride_j]);
-    lowest = highest = out[5 * k];
+      for (int j = 0; j < 5; ++j) out[5 * k + j] = static_cast<acc_t>(rois[k * stride_k + j * stride_j]);
+    }
+    lowest = highest = static_cast<acc_t>(rois[k * stride_k]);
   }
   if (block_ranges == nullptr) return;
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
@@ -716,12 +718,9 @@ class PreparedRois {
     const int64_t num_rois = rois.size(0);
     const at::ScalarType acc_dtype = accumulation_dtype(rois.scalar_type());
     check_batch_indices = check_batch_indices && num_rois > 0 && !capturing_graph();
-    if (!check_batch_indices && rois.scalar_type() == acc_dtype && rois.is_contiguous()) {
-      rois_ = rois;
-      return;
-    }
-    rois_ = at::empty({num_rois, 5}, rois.options().dtype(acc_dtype));
-    if (num_rois == 0) return;
+    const bool convert = rois.scalar_type() != acc_dtype || !rois.is_contiguous();
+    rois_ = convert ? at::empty({num_rois, 5}, rois.options().dtype(acc_dtype)) : rois;
+    if (num_rois == 0 || (!convert && !check_batch_indices)) return;
     const int64_t blocks = (num_rois + kPrepareThreads - 1) / kPrepareThreads;
     void* device_ranges = nullptr;
     if (check_batch_indices) {
@@ -731,8 +730,8 @@ class PreparedRois {
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, rois.scalar_type(), "prepare_rois", [&] {
       using acc_t = at::opmath_type<scalar_t>;  // float64 rois come only with float64 features
       prepare_rois_kernel<scalar_t, acc_t><<<blocks, kPrepareThreads, 0, stream>>>(
-          rois.const_data_ptr<scalar_t>(), num_rois, rois.stride(0), rois.stride(1), rois_.mutable_data_ptr<acc_t>(),
-          static_cast<acc_t*>(device_ranges));
+          rois.const_data_ptr<scalar_t>(), num_rois, rois.stride(0), rois.stride(1),
+          convert ? rois_.mutable_data_ptr<acc_t>() : nullptr, static_cast<acc_t*>(device_ranges));
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
     if (device_ranges == nullptr) return;
@@ -793,9 +792,7 @@ int packet_width(at::TensorList maps) {
 template <int kMaxBytes, typename element_t, typename Launch>
 void with_packet_width(int width, Launch&& launch) {
   constexpr int widest = kMaxBytes / static_cast<int>(sizeof(element_t));
-  if constexpr (widest >= 16) {
-    if (width == 16) return launch(std::integral_constant<int, 16>());
-  }
+  static_assert(widest <= 8, "packets of at most 8 elements");
   if constexpr (widest >= 8) {
     if (width == 8) return launch(std::integral_constant<int, 8>());
   }
@@ -806,14 +803,10 @@ void with_packet_width(int width, Launch&& launch) {
   launch(std::integral_constant<int, 1>());
 }
 
-// Bytes of channels a lane pools. Forward, 16-bit maps take two 16-byte loads per tap (16 channels a lane), which
-// halves the per-channel cost of the sample geometry: 82 instead of 95 us for the benchmark's (4, 256, 80, 80) case
-// on an H200; for float32 the same (8 channels a lane) measured slower, 110 instead of 104 us, as its 105 registers
-// halve the occupancy. Backward, one 16-byte packet (float4 atomics).
-template <typename scalar_t>
-constexpr int kForwardPacketBytes = sizeof(scalar_t) == 2 ? 32 : 16;
-constexpr int kBackwardPacketBytes = 16;
-constexpr int kTransposePacketBytes = 16;
+// Bytes of channels a lane pools (one 16-byte load per tap, forward; a float4 atomic, backward), and of the vectors
+// of the transposes. Wider forward packets for 16-bit maps (two loads per tap, 16 channels a lane) measured slower
+// on an H200 once a bin's taps were merged: 58.9 instead of 54.3 us for the benchmark's (4, 256, 80, 80) float16 case.
+constexpr int kPacketBytes = 16;
 
 constexpr int kTransposeTile = 64;
 constexpr int kTransposeThreads = 256;
@@ -866,11 +859,11 @@ at::Tensor relayout(const at::Tensor& map, at::ScalarType out_dtype, at::MemoryF
   if (!transposes || grid_x >= (int64_t{1} << 31) || grid_y > 65535 || batch > 65535) return out.copy_(map);
   // The widest vector (of the wider type) that divides both sides; the allocations are aligned.
   using wider_t = std::conditional_t<(sizeof(in_t) > sizeof(out_t)), in_t, out_t>;
-  int width = kTransposePacketBytes / static_cast<int>(sizeof(wider_t));
+  int width = kPacketBytes / static_cast<int>(sizeof(wider_t));
   while (width > 1 && (rows % width != 0 || cols % width != 0 ||
                        reinterpret_cast<uintptr_t>(map.const_data_ptr()) % (width * sizeof(in_t)) != 0))
     width /= 2;
-  with_packet_width<kTransposePacketBytes, wider_t>(width, [&](auto packet) {
+  with_packet_width<kPacketBytes, wider_t>(width, [&](auto packet) {
     transpose_kernel<in_t, out_t, decltype(packet)::value>
         <<<dim3(grid_x, grid_y, batch), kTransposeThreads, 0, stream>>>(map.const_data_ptr<in_t>(),
                                                                        out.mutable_data_ptr<out_t>(), rows, cols);
@@ -921,9 +914,8 @@ std::tuple<at::Tensor, at::Tensor> multiscale_forward_cuda(at::TensorList featur
     PreparedRois prepared(rois, /*check_batch_indices=*/true, stream);
     out = at::empty({num_rois, channels, pooled_height, pooled_width}, first.options());
     argmax = at::empty(max_mode ? out.sizes() : at::IntArrayRef{0}, int32_options);
-    constexpr int packet_bytes = kForwardPacketBytes<scalar_t>;
-    const int width = packet_width<packet_bytes, scalar_t>(channels_last);
-    with_packet_width<packet_bytes, scalar_t>(width, [&](auto packet) {
+    const int width = packet_width<kPacketBytes, scalar_t>(channels_last);
+    with_packet_width<kPacketBytes, scalar_t>(width, [&](auto packet) {
       constexpr int V = decltype(packet)::value;
       const Tiling tiling = make_tiling(channels_last, num_rois, channels, args.params, V, sizeof(scalar_t),
                                         kTapTableBytes<acc_t>, kTapTable);
@@ -968,8 +960,8 @@ std::vector<at::Tensor> multiscale_backward_cuda(const at::Tensor& grad_output, 
     const PreparedRois prepared(rois, /*check_batch_indices=*/false, stream);
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "roi_align_backward_cuda", [&] {
       using acc_t = at::opmath_type<scalar_t>;
-      const int width = packet_width<kBackwardPacketBytes, acc_t>(buffers);
-      with_packet_width<kBackwardPacketBytes, acc_t>(width, [&](auto packet) {
+      const int width = packet_width<kPacketBytes, acc_t>(buffers);
+      with_packet_width<kPacketBytes, acc_t>(width, [&](auto packet) {
         constexpr int V = decltype(packet)::value;
         const Tiling tiling = make_tiling(buffers, rois.size(0), channels, args.params, V, sizeof(scalar_t),
                                           kTapTableBytes<acc_t>, kTapTable);

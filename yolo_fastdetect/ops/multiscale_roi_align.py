@@ -133,7 +133,7 @@ class MultiScaleRoIAlign(nn.Module):
         )
 
 
-# Fake kernels and autograd ---------------------------------------------------------------------------------------
+# Fake kernels (autograd is registered in C++, csrc/roi_align/roi_align_autograd.cpp) ---------------------------------
 
 
 def _fpn_levels_fake(rois, lowest_level, num_levels, canonical_size, canonical_level, eps):
@@ -151,28 +151,8 @@ def _multiscale_backward_fake(grad_output, rois, roi_levels, argmax, feature_sha
     return [grad_output.new_empty(feature_shapes[i : i + 4]) for i in range(0, len(feature_shapes), 4)]
 
 
-def _multiscale_setup_context(ctx, inputs, output):
-    features, rois, roi_levels, _, _, spatial_scales, sampling_ratio, aligned, max_mode = inputs
-    ctx.save_for_backward(rois, roi_levels, output[1])
-    ctx.feature_shapes = [size for feature in features for size in feature.shape]
-    ctx.options = (spatial_scales, sampling_ratio, aligned, max_mode)
-
-
-def _multiscale_backward(ctx, grad_output, _grad_argmax):
-    rois, roi_levels, argmax = ctx.saved_tensors
-    grad_features = None
-    if ctx.needs_input_grad[0]:
-        grad_features = torch.ops.yolo_fastdetect.multiscale_roi_align_backward(
-            grad_output, rois, roi_levels, argmax, ctx.feature_shapes, *ctx.options
-        )
-    return grad_features, None, None, None, None, None, None, None, None
-
-
 @on_load
 def _register() -> None:
     torch.library.register_fake("yolo_fastdetect::fpn_levels")(_fpn_levels_fake)
     torch.library.register_fake("yolo_fastdetect::multiscale_roi_align")(_multiscale_fake)
     torch.library.register_fake("yolo_fastdetect::multiscale_roi_align_backward")(_multiscale_backward_fake)
-    torch.library.register_autograd(
-        "yolo_fastdetect::multiscale_roi_align", _multiscale_backward, setup_context=_multiscale_setup_context
-    )

@@ -133,7 +133,7 @@ class RoIAlign(nn.Module):
         )
 
 
-# Fake kernels and autograd ---------------------------------------------------------------------------------------
+# Fake kernels (autograd is registered in C++, csrc/roi_align/roi_align_autograd.cpp) ---------------------------------
 
 
 def _pooled_fake(features, rois, pooled_height, pooled_width, max_mode):
@@ -151,30 +151,10 @@ def _roi_align_backward_fake(grad_output, rois, argmax, input_shape, spatial_sca
     return grad_output.new_empty(input_shape)
 
 
-def _roi_align_setup_context(ctx, inputs, output):
-    input, rois, _, _, spatial_scale, sampling_ratio, aligned, max_mode = inputs
-    ctx.save_for_backward(rois, output[1])
-    ctx.input_shape = list(input.shape)
-    ctx.options = (spatial_scale, sampling_ratio, aligned, max_mode)
-
-
-def _roi_align_backward(ctx, grad_output, _grad_argmax):
-    rois, argmax = ctx.saved_tensors
-    grad_input = None
-    if ctx.needs_input_grad[0]:
-        grad_input = torch.ops.yolo_fastdetect.roi_align_backward(
-            grad_output, rois, argmax, ctx.input_shape, *ctx.options
-        )
-    return grad_input, None, None, None, None, None, None, None
-
-
 @on_load
 def _register() -> None:
     torch.library.register_fake("yolo_fastdetect::roi_align")(_roi_align_fake)
     torch.library.register_fake("yolo_fastdetect::roi_align_backward")(_roi_align_backward_fake)
-    torch.library.register_autograd(
-        "yolo_fastdetect::roi_align", _roi_align_backward, setup_context=_roi_align_setup_context
-    )
 
 
 # Reference ------------------------------------------------------------------------------------------------------
