@@ -82,7 +82,7 @@ def multiscale_roi_align(
         raise ValueError(f"got {len(features)} feature maps for {len(strides)} strides")
     rois = boxes_to_rois(rois)
     require()
-    output, _ = torch.ops.yolo_fastdetect.multiscale_roi_align(
+    output, _ = torch.ops.yolo_fastdetect.multiscale_roi_align.default(
         list(features), rois, fpn_levels(rois, strides, canonical_size, canonical_level), pooled_height,
         pooled_width, [1.0 / s for s in strides], int(sampling_ratio), bool(aligned), max_mode,
     )

@@ -94,7 +94,7 @@ def roi_align(
     pooled_height, pooled_width = _pair(output_size)
     max_mode = _is_max_mode(pool_mode)
     require()
-    output, _ = torch.ops.yolo_fastdetect.roi_align(
+    output, _ = torch.ops.yolo_fastdetect.roi_align.default(
         input, boxes_to_rois(rois), pooled_height, pooled_width, float(spatial_scale), int(sampling_ratio),
         bool(aligned), max_mode,
     )
