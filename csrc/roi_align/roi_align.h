@@ -141,10 +141,12 @@ struct PointTaps {
   acc_t weight[4];
 };
 
-template <typename acc_t>
-YFD_HOST_DEVICE PointTaps<acc_t> point_taps(const AxisTaps<acc_t>& y, const AxisTaps<acc_t>& x) {
-  PointTaps<acc_t> taps;
-  taps.valid = y.valid && x.valid;
+// The taps of point (y, x) from its axis taps: AxisTaps, or any type with the same low / high / weight_low /
+// weight_high members (the CUDA kernels' tables).
+template <typename offset_t, typename acc_t, typename Axis>
+YFD_HOST_DEVICE PointTaps<acc_t, offset_t> combine_taps(const Axis& y, const Axis& x, bool valid) {
+  PointTaps<acc_t, offset_t> taps;
+  taps.valid = valid;
   taps.offset[0] = y.low + x.low;
   taps.offset[1] = y.low + x.high;
   taps.offset[2] = y.high + x.low;
@@ -154,6 +156,11 @@ YFD_HOST_DEVICE PointTaps<acc_t> point_taps(const AxisTaps<acc_t>& y, const Axis
   taps.weight[2] = y.weight_high * x.weight_low;
   taps.weight[3] = y.weight_high * x.weight_high;
   return taps;
+}
+
+template <typename acc_t>
+YFD_HOST_DEVICE PointTaps<acc_t> point_taps(const AxisTaps<acc_t>& y, const AxisTaps<acc_t>& x) {
+  return combine_taps<int64_t, acc_t>(y, x, y.valid && x.valid);
 }
 
 template <typename acc_t, typename scalar_t>

@@ -3,11 +3,12 @@
 // Work split: a block owns one RoI, a chunk of its output bins and a chunk of channels. Its threads form groups of
 // `group_size` lanes (up to a warp); a group pools one bin at a time and each lane owns a packet of V consecutive
 // channels. On channels-last (NHWC) features a bilinear tap is then one V-wide vector load per lane (16 bytes),
-// coalesced across the group. The sample geometry is the same for every channel: the block tabulates the axis taps
-// of its RoI's samples once in shared memory and every lane reads them back. The launcher hands the kernels NHWC
-// features (converting NCHW ones with a tiled transpose) and accumulates gradients in an NHWC buffer, where the
-// backward pass adds a packet with vector atomics (float4 on sm_90). The (K, C, PH, PW) output is staged through
-// shared memory so that each block writes (and, backward, reads) whole runs of consecutive bins.
+// coalesced across the group. The sample geometry is the same for every channel: the block tabulates the taps of its
+// RoI's samples once in shared memory (in avg mode merged per bin, so that a bin reads each pixel once) and every
+// lane reads them back. The launcher hands the kernels NHWC features (converting NCHW ones with a tiled transpose)
+// and accumulates gradients in an NHWC buffer, where the backward pass adds a packet with vector atomics (float4 on
+// sm_90). The (K, C, PH, PW) output is staged through shared memory so that each block writes (and, backward, reads)
+// whole runs of consecutive bins.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
@@ -112,28 +113,49 @@ __device__ __forceinline__ int tile_index(const Tiling& tiling, int row, int b) 
   return row / V * static_cast<int>(tiling.lane_pitch) + row % V * static_cast<int>(tiling.bins_per_block) + b;
 }
 
-// Block index -> (RoI, bin chunk, channel chunk), channel chunks fastest so neighbouring blocks share taps.
-// 32-bit arithmetic: the launcher keeps blocks, bins and channels below 2^31.
+// What a thread works on: block index -> (RoI, bin chunk, channel chunk), channel chunks fastest so neighbouring
+// blocks share taps; thread index -> (group, lane). 32-bit arithmetic: the launcher keeps blocks, bins and channels
+// below 2^31.
 struct BlockWork {
   int64_t roi;
   int first_bin;
   int num_bins;  // bins of this chunk
   int64_t first_channel;
+  int pooled_width;
+  int total_bins;  // pooled_height * pooled_width
+  int lane, group, num_groups;
 };
 
-__device__ __forceinline__ BlockWork block_work(const Tiling& tiling, int num_bins) {
+__device__ __forceinline__ BlockWork block_work(const Tiling& tiling, const PoolParams& params) {
   const int block = blockIdx.x;
   const int channel_chunks = static_cast<int>(tiling.channel_chunks), bin_chunks = static_cast<int>(tiling.bin_chunks);
   const int bins_per_block = static_cast<int>(tiling.bins_per_block);
   BlockWork work;
+  work.pooled_width = static_cast<int>(params.pooled_width);
+  work.total_bins = static_cast<int>(params.pooled_height) * work.pooled_width;
   const int channel_chunk = block % channel_chunks;
   const int bin_chunk = block / channel_chunks % bin_chunks;
   work.roi = block / (channel_chunks * bin_chunks);
   work.first_bin = bin_chunk * bins_per_block;
-  work.num_bins = min(bins_per_block, num_bins - work.first_bin);
+  work.num_bins = min(bins_per_block, work.total_bins - work.first_bin);
   work.first_channel = int64_t{channel_chunk} * tiling.chunk_channels;
+  work.lane = threadIdx.x % tiling.group_size;
+  work.group = threadIdx.x / tiling.group_size;
+  work.num_groups = blockDim.x / tiling.group_size;
   return work;
 }
+
+// The block's tiles in dynamic shared memory, after the tap tables: values (outputs, or gradients of the outputs)
+// and, in max mode, argmax.
+template <typename value_t>
+struct BlockTiles {
+  value_t* values;
+  int32_t* argmax;
+
+  __device__ __forceinline__ BlockTiles(unsigned char* shared_memory, const Tiling& tiling)
+      : values(reinterpret_cast<value_t*>(shared_memory + tiling.table_bytes)),
+        argmax(reinterpret_cast<int32_t*>(shared_memory + tiling.table_bytes + tiling.value_bytes)) {}
+};
 
 // (ph, pw) of bin `bin` of a row-major grid `width` bins wide, stepped `step` bins at a time without a division per
 // step (an integer division costs some 25 instructions).
@@ -158,10 +180,10 @@ struct BinCursor {
 // output: a warp per channel row, its lanes along the row's bins, i.e. consecutive output addresses.
 template <int V, typename Visit>
 __device__ __forceinline__ void for_each_tile_element(const BlockWork& work, const Tiling& tiling, int64_t channels,
-                                                      int64_t num_bins, Visit visit) {
+                                                      Visit visit) {
   const int rows = static_cast<int>(min(tiling.chunk_channels, channels - work.first_channel));
   for (int row = threadIdx.x / kWarpSize; row < rows; row += blockDim.x / kWarpSize) {
-    const int64_t first_index = (work.roi * channels + work.first_channel + row) * num_bins + work.first_bin;
+    const int64_t first_index = (work.roi * channels + work.first_channel + row) * work.total_bins + work.first_bin;
     const int first_tile_index = tile_index<V>(tiling, row, 0);
     for (int b = threadIdx.x % kWarpSize; b < work.num_bins; b += kWarpSize)
       visit(first_tile_index + b, first_index + b);
@@ -257,17 +279,7 @@ __device__ __forceinline__ TableTaps<acc_t> table_taps(const AxisTaps<acc_t>& ta
 // point_taps() of roi_align.h for table entries: 32-bit offsets, valid unless either axis is outside the map.
 template <typename acc_t>
 __device__ __forceinline__ PointTaps<acc_t, int32_t> point_taps(const TableTaps<acc_t>& y, const TableTaps<acc_t>& x) {
-  PointTaps<acc_t, int32_t> taps;
-  taps.valid = y.weight_low > acc_t(0) && x.weight_low > acc_t(0);
-  taps.offset[0] = y.low + x.low;
-  taps.offset[1] = y.low + x.high;
-  taps.offset[2] = y.high + x.low;
-  taps.offset[3] = y.high + x.high;
-  taps.weight[0] = y.weight_low * x.weight_low;
-  taps.weight[1] = y.weight_low * x.weight_high;
-  taps.weight[2] = y.weight_high * x.weight_low;
-  taps.weight[3] = y.weight_high * x.weight_high;
-  return taps;
+  return combine_taps<int32_t, acc_t>(y, x, y.weight_low > acc_t(0) && x.weight_low > acc_t(0));
 }
 
 // Writes the merged taps of the `grid` samples that sample(i) gives along one axis of a bin to `taps`, in order, and
@@ -554,19 +566,14 @@ __global__ void __launch_bounds__(kMaxThreads)
                              const int64_t* __restrict__ roi_levels, const PoolParams params, const Tiling tiling,
                              scalar_t* __restrict__ out, int32_t* __restrict__ argmax) {
   extern __shared__ __align__(16) unsigned char shared_memory[];
-  scalar_t* value_tile = reinterpret_cast<scalar_t*>(shared_memory + tiling.table_bytes);
-  int32_t* argmax_tile = reinterpret_cast<int32_t*>(shared_memory + tiling.table_bytes + tiling.value_bytes);
-  const int pooled_width = static_cast<int>(params.pooled_width);
-  const int num_bins = static_cast<int>(params.pooled_height) * pooled_width;
-  const BlockWork work = block_work(tiling, num_bins);
-  const int lane = threadIdx.x % tiling.group_size, group = threadIdx.x / tiling.group_size;
-  const int num_groups = blockDim.x / tiling.group_size;
-  const int64_t channels = levels.channels;
-  const int64_t lane_channel = work.first_channel + int64_t{lane} * V;  // V divides channels when V > 1
+  const BlockTiles<scalar_t> tiles(shared_memory, tiling);
+  const BlockWork work = block_work(tiling, params);
   acc_t roi[5];
   load_roi(rois, work.roi, roi);
-  scalar_t* lane_values = value_tile + lane * tiling.lane_pitch;
-  int32_t* lane_argmax = argmax_tile + lane * tiling.lane_pitch;
+  const int64_t channels = levels.channels;
+  const int64_t lane_channel = work.first_channel + int64_t{work.lane} * V;  // V divides channels when V > 1
+  scalar_t* lane_values = tiles.values + work.lane * tiling.lane_pitch;
+  int32_t* lane_argmax = tiles.argmax + work.lane * tiling.lane_pitch;
 
   int level;
   int64_t batch_index;
@@ -579,8 +586,8 @@ __global__ void __launch_bounds__(kMaxThreads)
                                                 (lane_channel < channels ? lane_channel : 0) * levels.stride_c[level]);
     with_tabulation<kAllTabulated>(grid, [&](auto tabulated) {
       constexpr bool kTabulated = decltype(tabulated)::value;
-      BinCursor cursor(work.first_bin + group, num_groups, pooled_width);
-      for (int b = group; b < work.num_bins; b += num_groups, cursor.advance()) {
+      BinCursor cursor(work.first_bin + work.group, work.num_groups, work.pooled_width);
+      for (int b = work.group; b < work.num_bins; b += work.num_groups, cursor.advance()) {
         const int ph = cursor.ph, pw = cursor.pw;
         acc_t pooled[V];
         if constexpr (kMaxMode) {
@@ -596,7 +603,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       }
     });
   } else {  // a RoI with a bad batch index or level pools zeros
-    for (int b = group; b < work.num_bins; b += num_groups) {
+    for (int b = work.group; b < work.num_bins; b += work.num_groups) {
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         lane_values[v * tiling.bins_per_block + b] = scalar_t(0);
@@ -605,9 +612,9 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
   }
   __syncthreads();
-  for_each_tile_element<V>(work, tiling, channels, num_bins, [&](int tile_index, int64_t index) {
-    out[index] = value_tile[tile_index];
-    if (kMaxMode) argmax[index] = argmax_tile[tile_index];
+  for_each_tile_element<V>(work, tiling, channels, [&](int tile_index, int64_t index) {
+    out[index] = tiles.values[tile_index];
+    if (kMaxMode) argmax[index] = tiles.argmax[tile_index];
   });
 }
 
@@ -618,16 +625,11 @@ __global__ void __launch_bounds__(kMaxThreads)
                               const int64_t* __restrict__ roi_levels, const PoolParams params, const Tiling tiling,
                               const scalar_t* __restrict__ grad_output, const int32_t* __restrict__ argmax) {
   extern __shared__ __align__(16) unsigned char shared_memory[];
-  scalar_t* gradient_tile = reinterpret_cast<scalar_t*>(shared_memory + tiling.table_bytes);
-  int32_t* argmax_tile = reinterpret_cast<int32_t*>(shared_memory + tiling.table_bytes + tiling.value_bytes);
-  const int pooled_width = static_cast<int>(params.pooled_width);
-  const int num_bins = static_cast<int>(params.pooled_height) * pooled_width;
-  const BlockWork work = block_work(tiling, num_bins);
-  const int lane = threadIdx.x % tiling.group_size, group = threadIdx.x / tiling.group_size;
-  const int num_groups = blockDim.x / tiling.group_size;
-  const int64_t channels = grads.channels;
+  const BlockTiles<scalar_t> tiles(shared_memory, tiling);
+  const BlockWork work = block_work(tiling, params);
   acc_t roi[5];
   load_roi(rois, work.roi, roi);
+  const int64_t channels = grads.channels;
 
   int level;
   int64_t batch_index;
@@ -636,23 +638,23 @@ __global__ void __launch_bounds__(kMaxThreads)
   const SampleGrid<acc_t> grid =
       sample_grid<kMaxMode>(roi_bins(roi, static_cast<acc_t>(grads.spatial_scale[level]), params),
                             plane_shape(grads, level), params, tiling, shared_memory);
-  for_each_tile_element<V>(work, tiling, channels, num_bins, [&](int tile_index, int64_t index) {
-    gradient_tile[tile_index] = grad_output[index];
-    if (kMaxMode) argmax_tile[tile_index] = argmax[index];
+  for_each_tile_element<V>(work, tiling, channels, [&](int tile_index, int64_t index) {
+    tiles.values[tile_index] = grad_output[index];
+    if (kMaxMode) tiles.argmax[tile_index] = argmax[index];
   });
   __syncthreads();
 
-  const int64_t lane_channel = work.first_channel + int64_t{lane} * V;
+  const int64_t lane_channel = work.first_channel + int64_t{work.lane} * V;
   if (lane_channel >= channels) return;  // no barriers below
   const int num_samples = grid.bins.grid_h * grid.bins.grid_w;
   // Not an opaque_pointer: the atomics would then take the generic path (ATOM instead of REDG), slower.
   acc_t* lane_image = grads.data[level] + batch_index * grads.stride_n[level] + lane_channel * grads.stride_c[level];
-  const scalar_t* lane_gradients = gradient_tile + lane * tiling.lane_pitch;
-  const int32_t* lane_argmax = argmax_tile + lane * tiling.lane_pitch;
+  const scalar_t* lane_gradients = tiles.values + work.lane * tiling.lane_pitch;
+  const int32_t* lane_argmax = tiles.argmax + work.lane * tiling.lane_pitch;
   with_tabulation<false>(grid, [&](auto tabulated) {
     constexpr bool kTabulated = decltype(tabulated)::value;
-    BinCursor cursor(work.first_bin + group, num_groups, pooled_width);
-    for (int b = group; b < work.num_bins; b += num_groups, cursor.advance()) {
+    BinCursor cursor(work.first_bin + work.group, work.num_groups, work.pooled_width);
+    for (int b = work.group; b < work.num_bins; b += work.num_groups, cursor.advance()) {
       const int ph = cursor.ph, pw = cursor.pw;
       if constexpr (kMaxMode) {  // each channel sends its gradient to its own best sample
 #pragma unroll
