@@ -738,18 +738,32 @@ __global__ void __launch_bounds__(kCheckThreads)
   block_ranges[2 * blockIdx.x + 1] = highest;
 }
 
-// Checks the rois' batch indices without stalling the GPU. The constructor marks the work queued so far on the stream;
-// finish(), called once the pooling kernel is queued, launches one kernel that writes each block's index range to
-// pinned host memory, on a high-priority side stream that waits for the mark only (the pooling kernel needs nothing
-// from it, and its blocks go first when the pooling kernel's free a place), waits for that launch alone and raises
-// if an index is out of range. A bad index pools zeros in the meantime (the kernels never read outside the maps).
-// Not checked under CUDA graph capture.
+// Checks the rois' batch indices without stalling the GPU: one launch writes each block's index range to pinned host
+// memory, on a side stream that waits for the work queued so far, so that the pooling kernel queued next runs beside
+// it (it needs nothing from it), and finish() waits for that launch alone. A bad index pools zeros in the
+// meantime (the kernels never read outside the maps), then finish() raises. Not checked under CUDA graph capture.
 class BatchIndexCheck {
  public:
-  BatchIndexCheck(const at::Tensor& rois, const c10::cuda::CUDAStream& stream) : rois_(rois), stream_(stream) {
-    if (rois.size(0) == 0 || capturing_graph()) return;
+  BatchIndexCheck(const at::Tensor& rois, const c10::cuda::CUDAStream& stream) {
+    const int64_t num_rois = rois.size(0);
+    if (num_rois == 0 || capturing_graph()) return;
+    const at::ScalarType acc_dtype = accumulation_dtype(rois.scalar_type());
+    const int64_t blocks = (num_rois + kCheckThreads - 1) / kCheckThreads;
+    ranges_ = at::empty({blocks, 2}, at::TensorOptions(acc_dtype).pinned_memory(true));
+    void* device_ranges = nullptr;
+    C10_CUDA_CHECK(cudaHostGetDevicePointer(&device_ranges, ranges_.mutable_data_ptr(), 0));
+    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, stream.device_index());
+    // One event: the side stream waits for its first record, finish() for its second.
     C10_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
     C10_CUDA_CHECK(cudaEventRecord(event_, stream));
+    C10_CUDA_CHECK(cudaStreamWaitEvent(side, event_, 0));
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, rois.scalar_type(), "batch_index_range", [&] {
+      using acc_t = at::opmath_type<scalar_t>;  // float64 rois come only with float64 features
+      batch_index_range_kernel<scalar_t, acc_t><<<blocks, kCheckThreads, 0, side>>>(
+          rois.const_data_ptr<scalar_t>(), num_rois, rois.stride(0), static_cast<acc_t*>(device_ranges));
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+    C10_CUDA_CHECK(cudaEventRecord(event_, side));
   }
   BatchIndexCheck(const BatchIndexCheck&) = delete;
   BatchIndexCheck& operator=(const BatchIndexCheck&) = delete;
@@ -763,21 +777,6 @@ class BatchIndexCheck {
   // Raises unless every batch index lies in [0, batch).
   void finish(const char* op, int64_t batch) {
     if (event_ == nullptr) return;
-    const int64_t num_rois = rois_.size(0), blocks = (num_rois + kCheckThreads - 1) / kCheckThreads;
-    const at::ScalarType acc_dtype = accumulation_dtype(rois_.scalar_type());
-    ranges_ = at::empty({blocks, 2}, at::TensorOptions(acc_dtype).pinned_memory(true));
-    void* device_ranges = nullptr;
-    C10_CUDA_CHECK(cudaHostGetDevicePointer(&device_ranges, ranges_.mutable_data_ptr(), 0));
-    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, stream_.device_index());
-    // One event: the side stream waits for its first record (the mark), this thread for its second.
-    C10_CUDA_CHECK(cudaStreamWaitEvent(side, event_, 0));
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, rois_.scalar_type(), "batch_index_range", [&] {
-      using acc_t = at::opmath_type<scalar_t>;  // float64 rois come only with float64 features
-      batch_index_range_kernel<scalar_t, acc_t><<<blocks, kCheckThreads, 0, side>>>(
-          rois_.const_data_ptr<scalar_t>(), num_rois, rois_.stride(0), static_cast<acc_t*>(device_ranges));
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    });
-    C10_CUDA_CHECK(cudaEventRecord(event_, side));
     C10_CUDA_CHECK(cudaEventSynchronize(event_));
     if (ranges_.scalar_type() == at::kFloat) check_ranges(op, ranges_.const_data_ptr<float>(), batch);
     else check_ranges(op, ranges_.const_data_ptr<double>(), batch);
@@ -794,8 +793,6 @@ class BatchIndexCheck {
     check_batch_index_range(op, lowest, highest, batch);
   }
 
-  const at::Tensor rois_;
-  const c10::cuda::CUDAStream stream_;
   at::Tensor ranges_;
   cudaEvent_t event_ = nullptr;
 };
