@@ -59,8 +59,8 @@ struct Tiling {
   int64_t value_bytes;
   int64_t shared_bytes;
   int64_t blocks;
-  bool tap_tables;      // whether tap tables may be used: every map's plane offsets fit in 32 bits
-  bool all_tabulated;   // whether every block's grid fits the tables (a fixed sampling_ratio small enough)
+  bool tap_tables;     // whether tap tables may be used: every map's plane offsets fit in 32 bits
+  bool all_tabulated;  // whether every block's grid fits the tables (a fixed sampling_ratio small enough)
 };
 
 // Whether every map's (H, W) plane is addressed by 32-bit element offsets, as the tap tables hold them.
@@ -199,7 +199,7 @@ struct RoiRows {
   Dtype dtype;
 };
 
-RoiRows roi_rows(const at::Tensor& rois) {
+RoiRows roi_rows(const at::Tensor& rois) {  // check_rois admits these four dtypes only
   const at::ScalarType dtype = rois.scalar_type();
   const RoiRows::Dtype code = dtype == at::kFloat    ? RoiRows::Dtype::kFloat
                               : dtype == at::kDouble ? RoiRows::Dtype::kDouble
@@ -343,8 +343,8 @@ struct SampleGrid {
   }
 
   __device__ __forceinline__ int32_t bin_tap_count(int axis, int bin) const {
-    return reinterpret_cast<const int32_t*>(static_cast<const BinTap<acc_t>*>(tables) + 4 * kTapTable)[axis * kTapTable +
-                                                                                                     bin];
+    const auto* counts = reinterpret_cast<const int32_t*>(static_cast<const BinTap<acc_t>*>(tables) + 4 * kTapTable);
+    return counts[axis * kTapTable + bin];
   }
 };
 
