@@ -351,6 +351,29 @@ def test_torch_compile(generator):
     torch.testing.assert_close(x.grad, expected.grad)
 
 
+
+def test_torch_export(generator):
+    """torch.export keeps roi_align as one operator node (its autograd is registered in C++) and the exported
+    module computes what eager mode does, on inputs other than the ones it was traced with."""
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4 * 2 * 3, 5)
+
+        def forward(self, x, rois):
+            return self.linear(roi_align(x, rois, (2, 3), 0.5, 2).flatten(1))
+
+    head = Head()
+    x = features(generator, (2, 4, 9, 7), torch.float32)
+    exported = torch.export.export(head, (x, random_rois(generator, 2, 18, 14, 5).float()))
+    targets = [node.target for node in exported.graph.nodes if node.op == "call_function"]
+    assert torch.ops.yolo_fastdetect.roi_align.default in targets
+    x = features(generator, (2, 4, 9, 7), torch.float32)
+    rois = random_rois(generator, 2, 18, 14, 5).float()
+    torch.testing.assert_close(exported.module()(x, rois), head(x, rois))
+
+
 # MultiScaleRoIAlign -----------------------------------------------------------------------------------------------
 
 
