@@ -1,7 +1,8 @@
 """Diagnosis on the GPU machine: where a RoIAlign call spends its time (kernels vs host), ours vs torchvision.
 
-Per case: host ms per call (calls queued without syncing), host ms of one call on an idle GPU, the benchmark's single-call median (CUDA events around
-one call after a sync), the GPU time alone (CUDA graph replay), and the kernels of the forward pass.
+Per case: host ms per call (calls queued without syncing), host ms of one call on an idle GPU, the benchmark's
+single-call median (CUDA events around one call after a sync), the GPU time alone (CUDA graph replay), and the
+kernels of the forward pass.
 """
 
 import time
