@@ -22,6 +22,7 @@
 
 #include <cuda/std/limits>
 #include <limits>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -738,32 +739,20 @@ __global__ void __launch_bounds__(kCheckThreads)
   block_ranges[2 * blockIdx.x + 1] = highest;
 }
 
-// Checks the rois' batch indices without stalling the GPU: one launch writes each block's index range to pinned host
-// memory, on a side stream that waits for the work queued so far, so that the pooling kernel queued next runs beside
-// it (it needs nothing from it), and finish() waits for that launch alone. A bad index pools zeros in the
-// meantime (the kernels never read outside the maps), then finish() raises. Not checked under CUDA graph capture.
+// Checks the rois' batch indices without stalling the GPU. The constructor, called before the pooling work is queued,
+// marks the point in the stream where the rois are ready; finish(), called after, launches one small kernel that
+// writes each block's index range to pinned host memory, on a high-priority side stream that waits for that point
+// alone, so that it runs beside the queued work (its block is scheduled ahead of the pooling kernel's), and waits for
+// that launch alone while the pooling kernel runs on. The host's work for the check thus overlaps the pooling kernel
+// instead of delaying its launch. A bad index pools zeros in the meantime (the kernels never read outside the maps),
+// then finish() raises. Not checked under CUDA graph capture.
 class BatchIndexCheck {
  public:
-  BatchIndexCheck(const at::Tensor& rois, const c10::cuda::CUDAStream& stream) {
-    const int64_t num_rois = rois.size(0);
-    if (num_rois == 0 || capturing_graph()) return;
-    const at::ScalarType acc_dtype = accumulation_dtype(rois.scalar_type());
-    const int64_t blocks = (num_rois + kCheckThreads - 1) / kCheckThreads;
-    ranges_ = at::empty({blocks, 2}, at::TensorOptions(acc_dtype).pinned_memory(true));
-    void* device_ranges = nullptr;
-    C10_CUDA_CHECK(cudaHostGetDevicePointer(&device_ranges, ranges_.mutable_data_ptr(), 0));
-    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, stream.device_index());
-    // One event: the side stream waits for its first record, finish() for its second.
+  BatchIndexCheck(const at::Tensor& rois, const c10::cuda::CUDAStream& stream) : rois_(rois), stream_(stream) {
+    if (rois.size(0) == 0 || capturing_graph()) return;
+    // One event: the side stream waits for this record, finish() for the side stream's.
     C10_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
     C10_CUDA_CHECK(cudaEventRecord(event_, stream));
-    C10_CUDA_CHECK(cudaStreamWaitEvent(side, event_, 0));
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, rois.scalar_type(), "batch_index_range", [&] {
-      using acc_t = at::opmath_type<scalar_t>;  // float64 rois come only with float64 features
-      batch_index_range_kernel<scalar_t, acc_t><<<blocks, kCheckThreads, 0, side>>>(
-          rois.const_data_ptr<scalar_t>(), num_rois, rois.stride(0), static_cast<acc_t*>(device_ranges));
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    });
-    C10_CUDA_CHECK(cudaEventRecord(event_, side));
   }
   BatchIndexCheck(const BatchIndexCheck&) = delete;
   BatchIndexCheck& operator=(const BatchIndexCheck&) = delete;
@@ -777,6 +766,20 @@ class BatchIndexCheck {
   // Raises unless every batch index lies in [0, batch).
   void finish(const char* op, int64_t batch) {
     if (event_ == nullptr) return;
+    const int64_t num_rois = rois_.size(0);
+    const int64_t blocks = (num_rois + kCheckThreads - 1) / kCheckThreads;
+    ranges_ = at::empty({blocks, 2}, at::TensorOptions(accumulation_dtype(rois_.scalar_type())).pinned_memory(true));
+    void* device_ranges = nullptr;
+    C10_CUDA_CHECK(cudaHostGetDevicePointer(&device_ranges, ranges_.mutable_data_ptr(), 0));
+    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, stream_.device_index());
+    C10_CUDA_CHECK(cudaStreamWaitEvent(side, event_, 0));
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, rois_.scalar_type(), "batch_index_range", [&] {
+      using acc_t = at::opmath_type<scalar_t>;  // float64 rois come only with float64 features
+      batch_index_range_kernel<scalar_t, acc_t><<<blocks, kCheckThreads, 0, side>>>(
+          rois_.const_data_ptr<scalar_t>(), num_rois, rois_.stride(0), static_cast<acc_t*>(device_ranges));
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+    C10_CUDA_CHECK(cudaEventRecord(event_, side));
     C10_CUDA_CHECK(cudaEventSynchronize(event_));
     if (ranges_.scalar_type() == at::kFloat) check_ranges(op, ranges_.const_data_ptr<float>(), batch);
     else check_ranges(op, ranges_.const_data_ptr<double>(), batch);
@@ -793,6 +796,8 @@ class BatchIndexCheck {
     check_batch_index_range(op, lowest, highest, batch);
   }
 
+  at::Tensor rois_;
+  c10::cuda::CUDAStream stream_;
   at::Tensor ranges_;
   cudaEvent_t event_ = nullptr;
 };
@@ -931,11 +936,16 @@ std::tuple<at::Tensor, at::Tensor> multiscale_forward_cuda(at::TensorList featur
   const at::Tensor& first = features[0];
   const int64_t num_rois = rois.size(0), channels = first.size(1);
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream();
-  const at::TensorOptions int32_options = first.options().dtype(at::kInt);
+  // The output and, in max mode, argmax ((0,) in avg mode).
+  const auto pooled_outputs = [&] {
+    at::Tensor out = at::empty({num_rois, channels, pooled_height, pooled_width}, first.options());
+    at::Tensor argmax = at::empty(max_mode ? out.sizes() : at::IntArrayRef{0}, first.options().dtype(at::kInt));
+    return std::make_tuple(out, argmax);
+  };
+  BatchIndexCheck batch_index_check(rois, stream);
   if (num_rois == 0 || channels == 0) {
-    BatchIndexCheck(rois, stream).finish("roi_align", first.size(0));
-    const at::Tensor out = at::empty({num_rois, channels, pooled_height, pooled_width}, first.options());
-    return {out, at::empty(max_mode ? out.sizes() : at::IntArrayRef{0}, int32_options)};
+    batch_index_check.finish("roi_align", first.size(0));
+    return pooled_outputs();
   }
 
   at::Tensor out, argmax;
@@ -949,9 +959,7 @@ std::tuple<at::Tensor, at::Tensor> multiscale_forward_cuda(at::TensorList featur
       channels_last.push_back(map.stride(1) == 1 ? map
                                                  : relayout<scalar_t, scalar_t>(map, map.scalar_type(),
                                                                                 at::MemoryFormat::ChannelsLast, stream));
-    BatchIndexCheck batch_index_check(rois, stream);
-    out = at::empty({num_rois, channels, pooled_height, pooled_width}, first.options());
-    argmax = at::empty(max_mode ? out.sizes() : at::IntArrayRef{0}, int32_options);
+    std::tie(out, argmax) = pooled_outputs();
     const int width = packet_width<kPacketBytes, scalar_t>(channels_last);
     with_packet_width<kPacketBytes, scalar_t>(width, [&](auto packet) {
       constexpr int V = decltype(packet)::value;
