@@ -561,6 +561,14 @@ __device__ __forceinline__ void atomic_add_packet(double* address, const double 
   for (int v = 0; v < V; ++v) atomicAdd(address + v, values[v]);
 }
 
+// Waits until the kernel that this one was launched as a programmatic dependent of has finished and its writes are
+// visible; returns at once after a plain launch.
+__device__ __forceinline__ void wait_for_preceding_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 template <typename scalar_t, typename acc_t, int V, bool kMaxMode, bool kAllTabulated>
 __global__ void __launch_bounds__(kMaxThreads)
     roi_align_forward_kernel(const LevelTable<const scalar_t> levels, const RoiRows rois,
@@ -582,6 +590,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     const SampleGrid<acc_t> grid =
         sample_grid<kMaxMode>(roi_bins(roi, static_cast<acc_t>(levels.spatial_scale[level]), params),
                               plane_shape(levels, level), params, tiling, shared_memory);
+    wait_for_preceding_kernel();  // the maps may be the transpose's output
     // Lanes past the last channel read channel 0 (in bounds); their rows of the tile are never written out.
     const scalar_t* lane_image = opaque_pointer(levels.data[level] + batch_index * levels.stride_n[level] +
                                                 (lane_channel < channels ? lane_channel : 0) * levels.stride_c[level]);
@@ -955,10 +964,13 @@ std::tuple<at::Tensor, at::Tensor> multiscale_forward_cuda(at::TensorList featur
     // e.g. a channels-last slice) are used in place. Transposed first, so that the GPU works while the host launches
     // the rest.
     std::vector<at::Tensor> channels_last;
-    for (const at::Tensor& map : features)
+    bool transposed = false;
+    for (const at::Tensor& map : features) {
+      transposed = transposed || map.stride(1) != 1;
       channels_last.push_back(map.stride(1) == 1 ? map
                                                  : relayout<scalar_t, scalar_t>(map, map.scalar_type(),
                                                                                 at::MemoryFormat::ChannelsLast, stream));
+    }
     std::tie(out, argmax) = pooled_outputs();
     const int width = packet_width<kPacketBytes, scalar_t>(channels_last);
     with_packet_width<kPacketBytes, scalar_t>(width, [&](auto packet) {
@@ -971,11 +983,26 @@ std::tuple<at::Tensor, at::Tensor> multiscale_forward_cuda(at::TensorList featur
                                    : (tiling.all_tabulated ? roi_align_forward_kernel<scalar_t, acc_t, V, false, true>
                                                            : roi_align_forward_kernel<scalar_t, acc_t, V, false, false>);
       allow_shared_memory(kernel, tiling.shared_bytes);
-      kernel<<<tiling.blocks, tiling.threads, tiling.shared_bytes, stream>>>(
-          level_table<const scalar_t>(channels_last, spatial_scales), roi_rows(rois), levels_or_null(args.roi_levels),
-          args.params, tiling, out.mutable_data_ptr<scalar_t>(),
-          max_mode ? argmax.mutable_data_ptr<int32_t>() : nullptr);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      // After a transpose (sm_90 and later), the pooling kernel is launched as its programmatic dependent: its blocks
+      // start as the transpose's last ones finish and tabulate their taps before waiting for the maps. Everything
+      // else they touch (rois, out) was ready before the transpose started. Without a transpose the rois may come
+      // from the kernel just before, so the launch is plain.
+      cudaLaunchAttribute overlap;
+      overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      overlap.val.programmaticStreamSerializationAllowed = 1;
+      cudaLaunchConfig_t config = {};
+      config.gridDim = dim3(static_cast<unsigned int>(tiling.blocks));
+      config.blockDim = dim3(tiling.threads);
+      config.dynamicSmemBytes = static_cast<size_t>(tiling.shared_bytes);
+      config.stream = stream;
+      config.attrs = &overlap;
+      int compute_major = 0;
+      C10_CUDA_CHECK(cudaDeviceGetAttribute(&compute_major, cudaDevAttrComputeCapabilityMajor, stream.device_index()));
+      config.numAttrs = transposed && compute_major >= 9 ? 1 : 0;
+      C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, level_table<const scalar_t>(channels_last, spatial_scales),
+                                        roi_rows(rois), levels_or_null(args.roi_levels), args.params, tiling,
+                                        out.mutable_data_ptr<scalar_t>(),
+                                        max_mode ? argmax.mutable_data_ptr<int32_t>() : nullptr));
     });
     batch_index_check.finish("roi_align", first.size(0));
   });
