@@ -751,10 +751,10 @@ __global__ void __launch_bounds__(kCheckThreads)
 // Checks the rois' batch indices without stalling the GPU. The constructor, called before the pooling work is queued,
 // marks the point in the stream where the rois are ready; finish(), called after, launches one small kernel that
 // writes each block's index range to pinned host memory, on a high-priority side stream that waits for that point
-// alone, so that it runs beside the queued work (its block is scheduled ahead of the pooling kernel's), and waits for
-// that launch alone while the pooling kernel runs on. The host's work for the check thus overlaps the pooling kernel
-// instead of delaying its launch. A bad index pools zeros in the meantime (the kernels never read outside the maps),
-// then finish() raises. Not checked under CUDA graph capture.
+// alone, so that it runs beside the queued work (its blocks are scheduled ahead of the pooling kernel's), and waits
+// for that launch alone while the pooling kernel runs on. The host's work for the check thus overlaps the pooling
+// kernel instead of delaying its launch. A bad index pools zeros in the meantime (the kernels never read outside the
+// maps), then finish() raises. Not checked under CUDA graph capture.
 class BatchIndexCheck {
  public:
   BatchIndexCheck(const at::Tensor& rois, const c10::cuda::CUDAStream& stream) : rois_(rois), stream_(stream) {
