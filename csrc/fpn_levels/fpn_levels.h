@@ -13,16 +13,16 @@
 #include <ATen/core/Tensor.h>
 
 #include "../common.h"
+#include "../roi_align/roi_align.h"
 
 namespace yolo_fastdetect {
 
-// Kernel parameters are passed by value, so the threshold table has a fixed capacity (roi_align's kMaxLevels).
-constexpr int kMaxFpnLevels = 8;
-
+// Kernel parameters are passed by value, so the threshold table has a fixed capacity: as many levels as the
+// multi-level RoIAlign pools from.
 struct FpnThresholds {
   int num_levels;
   // min_area[i]: the smallest area that maps to level i or above, for i in [1, num_levels); min_area[0] is unused.
-  double min_area[kMaxFpnLevels];
+  double min_area[roi_align::kMaxLevels];
 };
 
 // Level index (0 = the lowest level) of the box [x1, y1, x2, y2]; -1 for a NaN or negative area (one side

@@ -18,8 +18,8 @@ void check_fpn_levels_args(const at::Tensor& rois, int64_t lowest_level, int64_t
   const at::ScalarType dtype = rois.scalar_type();
   TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf || dtype == at::kBFloat16,
                    "fpn_levels: rois must be float32, float64, float16 or bfloat16, got ", dtype);
-  TORCH_CHECK_VALUE(num_levels >= 1 && num_levels <= kMaxFpnLevels, "fpn_levels: num_levels must be in [1, ",
-                    text(kMaxFpnLevels), "], got ", text(num_levels));
+  TORCH_CHECK_VALUE(num_levels >= 1 && num_levels <= roi_align::kMaxLevels, "fpn_levels: num_levels must be in [1, ",
+                    text(roi_align::kMaxLevels), "], got ", text(num_levels));
   TORCH_CHECK_VALUE(std::isfinite(canonical_size) && canonical_size > 0,
                     "fpn_levels: canonical_size must be positive and finite, got ", text(canonical_size));
   TORCH_CHECK_VALUE(std::isfinite(eps), "fpn_levels: eps must be finite, got ", text(eps));
