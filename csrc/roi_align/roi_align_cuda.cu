@@ -356,7 +356,8 @@ __device__ __forceinline__ SampleGrid<acc_t> sample_grid(const RoiBins<acc_t>& b
                                                          const PoolParams& params, const Tiling& tiling,
                                                          void* tables) {
   SampleGrid<acc_t> grid{bins, plane, nullptr};
-  const int pooled_height = static_cast<int>(params.pooled_height), pooled_width = static_cast<int>(params.pooled_width);
+  const int pooled_height = static_cast<int>(params.pooled_height);
+  const int pooled_width = static_cast<int>(params.pooled_width);
   if (tiling.tap_tables && pooled_height * bins.grid_h <= kTapTable && pooled_width * bins.grid_w <= kTapTable) {
     if constexpr (kMaxMode) {
       TableTaps<acc_t>* taps = static_cast<TableTaps<acc_t>*>(tables);
@@ -590,7 +591,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     const SampleGrid<acc_t> grid =
         sample_grid<kMaxMode>(roi_bins(roi, static_cast<acc_t>(levels.spatial_scale[level]), params),
                               plane_shape(levels, level), params, tiling, shared_memory);
-    wait_for_preceding_kernel();  // the maps may be the transpose's output
+    wait_for_preceding_kernel();  // the maps may be the relayout's output
     // Lanes past the last channel read channel 0 (in bounds); their rows of the tile are never written out.
     const scalar_t* lane_image = opaque_pointer(levels.data[level] + batch_index * levels.stride_n[level] +
                                                 (lane_channel < channels ? lane_channel : 0) * levels.stride_c[level]);
@@ -964,12 +965,13 @@ std::tuple<at::Tensor, at::Tensor> multiscale_forward_cuda(at::TensorList featur
     // e.g. a channels-last slice) are used in place. Transposed first, so that the GPU works while the host launches
     // the rest.
     std::vector<at::Tensor> channels_last;
-    bool transposed = false;
+    bool relaid_out = false;
     for (const at::Tensor& map : features) {
-      transposed = transposed || map.stride(1) != 1;
-      channels_last.push_back(map.stride(1) == 1 ? map
-                                                 : relayout<scalar_t, scalar_t>(map, map.scalar_type(),
-                                                                                at::MemoryFormat::ChannelsLast, stream));
+      const bool in_place = map.stride(1) == 1;
+      relaid_out = relaid_out || !in_place;
+      channels_last.push_back(in_place ? map
+                                       : relayout<scalar_t, scalar_t>(map, map.scalar_type(),
+                                                                      at::MemoryFormat::ChannelsLast, stream));
     }
     std::tie(out, argmax) = pooled_outputs();
     const int width = packet_width<kPacketBytes, scalar_t>(channels_last);
@@ -978,15 +980,16 @@ std::tuple<at::Tensor, at::Tensor> multiscale_forward_cuda(at::TensorList featur
       const Tiling tiling = make_tiling(channels_last, num_rois, channels, args.params, V, sizeof(scalar_t),
                                         kTapTableBytes<acc_t>, kTapTable);
       // Avg and max mode are separate kernels: max mode's per-channel argmax state would cost avg mode registers.
-      const auto kernel = max_mode ? (tiling.all_tabulated ? roi_align_forward_kernel<scalar_t, acc_t, V, true, true>
-                                                           : roi_align_forward_kernel<scalar_t, acc_t, V, true, false>)
-                                   : (tiling.all_tabulated ? roi_align_forward_kernel<scalar_t, acc_t, V, false, true>
-                                                           : roi_align_forward_kernel<scalar_t, acc_t, V, false, false>);
+      const auto kernel =
+          max_mode ? (tiling.all_tabulated ? roi_align_forward_kernel<scalar_t, acc_t, V, true, true>
+                                           : roi_align_forward_kernel<scalar_t, acc_t, V, true, false>)
+                   : (tiling.all_tabulated ? roi_align_forward_kernel<scalar_t, acc_t, V, false, true>
+                                           : roi_align_forward_kernel<scalar_t, acc_t, V, false, false>);
       allow_shared_memory(kernel, tiling.shared_bytes);
-      // After a transpose (sm_90 and later), the pooling kernel is launched as its programmatic dependent: its blocks
-      // start as the transpose's last ones finish and tabulate their taps before waiting for the maps. Everything
-      // else they touch (rois, out) was ready before the transpose started. Without a transpose the rois may come
-      // from the kernel just before, so the launch is plain.
+      // After a relayout (the transpose, or copy_ for other strides; sm_90 and later), the pooling kernel is launched
+      // as the relayout kernel's programmatic dependent: its blocks start as that kernel's last ones finish and
+      // tabulate their taps before waiting for the maps. Everything else they touch (rois, out) was ready before the
+      // relayout started. Without one, the rois may come from the kernel just before, so the launch is plain.
       cudaLaunchAttribute overlap;
       overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
       overlap.val.programmaticStreamSerializationAllowed = 1;
@@ -998,7 +1001,7 @@ std::tuple<at::Tensor, at::Tensor> multiscale_forward_cuda(at::TensorList featur
       config.attrs = &overlap;
       int compute_major = 0;
       C10_CUDA_CHECK(cudaDeviceGetAttribute(&compute_major, cudaDevAttrComputeCapabilityMajor, stream.device_index()));
-      config.numAttrs = transposed && compute_major >= 9 ? 1 : 0;
+      config.numAttrs = relaid_out && compute_major >= 9 ? 1 : 0;
       C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, level_table<const scalar_t>(channels_last, spatial_scales),
                                         roi_rows(rois), levels_or_null(args.roi_levels), args.params, tiling,
                                         out.mutable_data_ptr<scalar_t>(),
