@@ -351,7 +351,6 @@ def test_torch_compile(generator):
     torch.testing.assert_close(x.grad, expected.grad)
 
 
-
 def test_torch_export(generator):
     """torch.export keeps roi_align as one operator node (its autograd is registered in C++) and the exported
     module computes what eager mode does, on inputs other than the ones it was traced with."""
