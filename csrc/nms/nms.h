@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <tuple>
 
 #include <ATen/core/Tensor.h>
 
@@ -201,5 +202,10 @@ void check_nms_args(const at::Tensor& prediction, int64_t num_classes, double co
 
 // conf_thres as torch compares it with a tensor of the prediction's dtype: the scalar rounded to that dtype.
 float conf_thres_in_dtype(double conf_thres, at::ScalarType dtype);
+
+// The operator's outputs, unfilled, on `options`' device: detections (B, max_det, 6 + num_extra) float32, counts (B,)
+// and the detections' anchor indices (B, max_det), int64.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> empty_nms_outputs(const NmsParams& params,
+                                                                 const at::TensorOptions& options);
 
 }  // namespace yolo_fastdetect

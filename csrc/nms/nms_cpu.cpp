@@ -22,9 +22,9 @@ void check_nms_args(const at::Tensor& prediction, int64_t num_classes, double co
   TORCH_CHECK_TYPE(prediction.scalar_type() == at::kFloat || prediction.scalar_type() == at::kHalf ||
                        prediction.scalar_type() == at::kBFloat16,
                    "batched_nms: prediction must be float32, float16 or bfloat16, got ", prediction.scalar_type());
-  TORCH_CHECK_VALUE(num_classes >= 1 && 4 + num_classes <= prediction.size(1), "batched_nms: num_classes must be in [1, ",
-                    text(prediction.size(1) - 4), "] for prediction with ", text(prediction.size(1)),
-                    " channels, got ", text(num_classes));
+  TORCH_CHECK_VALUE(num_classes >= 1 && 4 + num_classes <= prediction.size(1),
+                    "batched_nms: num_classes must be in [1, ", text(prediction.size(1) - 4), "] for prediction with ",
+                    text(prediction.size(1)), " channels, got ", text(num_classes));
   // Written as negations so that NaN fails too.
   TORCH_CHECK_VALUE(conf_thres >= 0 && conf_thres <= 1, "batched_nms: conf_thres must be in [0, 1], got ",
                     text(conf_thres));
@@ -68,6 +68,13 @@ float conf_thres_in_dtype(double conf_thres, at::ScalarType dtype) {
     rounded = static_cast<float>(static_cast<scalar_t>(static_cast<float>(conf_thres)));
   });
   return rounded;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> empty_nms_outputs(const NmsParams& params,
+                                                                 const at::TensorOptions& options) {
+  return {at::empty({params.batch, params.max_det, 6 + params.num_extra}, options.dtype(at::kFloat)),
+          at::empty({params.batch}, options.dtype(at::kLong)),
+          at::empty({params.batch, params.max_det}, options.dtype(at::kLong))};
 }
 
 namespace {
@@ -128,10 +135,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batched_nms_cpu(const at::Tensor&
   check_nms_args(prediction, num_classes, conf_thres, iou_thres, classes, agnostic, multi_label, max_det, max_nms,
                  max_wh, params);
   params.conf_thres = conf_thres_in_dtype(conf_thres, prediction.scalar_type());
-  const auto options = prediction.options();
-  at::Tensor detections = at::empty({params.batch, max_det, 6 + params.num_extra}, options.dtype(at::kFloat));
-  at::Tensor counts = at::empty({params.batch}, options.dtype(at::kLong));
-  at::Tensor anchor_indices = at::empty({params.batch, max_det}, options.dtype(at::kLong));
+  const auto [detections, counts, anchor_indices] = empty_nms_outputs(params, prediction.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, prediction.scalar_type(), "batched_nms_cpu", [&] {
     nms_cpu_kernel<scalar_t>(prediction.const_data_ptr<scalar_t>(), params, iou_thres,
                              detections.mutable_data_ptr<float>(), counts.mutable_data_ptr<int64_t>(),

@@ -210,9 +210,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batched_nms_cuda(const at::Tensor
   const c10::cuda::CUDAGuard device_guard(prediction.device());
   params.conf_thres = conf_thres_in_dtype(conf_thres, prediction.scalar_type());
   const auto options = prediction.options();
-  at::Tensor detections = at::empty({params.batch, max_det, 6 + params.num_extra}, options.dtype(at::kFloat));
-  at::Tensor counts = at::empty({params.batch}, options.dtype(at::kLong));
-  at::Tensor anchor_indices = at::empty({params.batch, max_det}, options.dtype(at::kLong));
+  const auto [detections, counts, anchor_indices] = empty_nms_outputs(params, options);
   if (params.batch == 0) return {detections, counts, anchor_indices};
 
   const int64_t capacity = params.max_candidates;

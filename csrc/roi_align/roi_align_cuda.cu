@@ -16,6 +16,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -785,7 +786,8 @@ __global__ void __launch_bounds__(kCheckThreads)
 // maps), then finish() raises. Not checked under CUDA graph capture.
 class BatchIndexCheck {
  public:
-  BatchIndexCheck(const at::Tensor& rois, const c10::cuda::CUDAStream& stream) : rois_(rois), stream_(stream) {
+  BatchIndexCheck(const at::Tensor& rois, const c10::cuda::CUDAStream& stream)
+      : rois_(rois), device_(stream.device_index()) {
     if (rois.size(0) == 0 || capturing_graph()) return;
     // One event: the side stream waits for this record, finish() for the side stream's.
     C10_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
@@ -808,7 +810,7 @@ class BatchIndexCheck {
     ranges_ = at::empty({blocks, 2}, at::TensorOptions(accumulation_dtype(rois_.scalar_type())).pinned_memory(true));
     void* device_ranges = nullptr;
     C10_CUDA_CHECK(cudaHostGetDevicePointer(&device_ranges, ranges_.mutable_data_ptr(), 0));
-    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, stream_.device_index());
+    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device_);
     C10_CUDA_CHECK(cudaStreamWaitEvent(side, event_, 0));
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, rois_.scalar_type(), "batch_index_range", [&] {
       using acc_t = at::opmath_type<scalar_t>;  // float64 rois come only with float64 features
@@ -834,7 +836,7 @@ class BatchIndexCheck {
   }
 
   at::Tensor rois_;
-  c10::cuda::CUDAStream stream_;
+  c10::DeviceIndex device_;
   at::Tensor ranges_;
   cudaEvent_t event_ = nullptr;
 };
@@ -957,6 +959,17 @@ at::Tensor relayout(const at::Tensor& map, at::ScalarType out_dtype, at::MemoryF
   return out;
 }
 
+// The device's compute capability (major), asked once per process for every device.
+int compute_capability_major(c10::DeviceIndex device) {
+  static const std::vector<int> majors = [] {
+    std::vector<int> result(c10::cuda::device_count());
+    for (int index = 0; index < static_cast<int>(result.size()); ++index)
+      C10_CUDA_CHECK(cudaDeviceGetAttribute(&result[index], cudaDevAttrComputeCapabilityMajor, index));
+    return result;
+  }();
+  return majors.at(device);
+}
+
 template <typename Kernel>
 void allow_shared_memory(Kernel kernel, int64_t bytes) {
   if (bytes > 48 * 1024)
@@ -1032,9 +1045,7 @@ std::tuple<at::Tensor, at::Tensor> multiscale_forward_cuda(at::TensorList featur
       config.dynamicSmemBytes = static_cast<size_t>(tiling.shared_bytes);
       config.stream = stream;
       config.attrs = &overlap;
-      int compute_major = 0;
-      C10_CUDA_CHECK(cudaDeviceGetAttribute(&compute_major, cudaDevAttrComputeCapabilityMajor, stream.device_index()));
-      config.numAttrs = relaid_out && compute_major >= 9 ? 1 : 0;
+      config.numAttrs = relaid_out && compute_capability_major(stream.device_index()) >= 9 ? 1 : 0;
       C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, level_table<const scalar_t>(channels_last, spatial_scales),
                                         roi_rows(rois), levels_or_null(args.roi_levels), args.params, tiling,
                                         out.mutable_data_ptr<scalar_t>(),
