@@ -23,7 +23,9 @@ for dtype in (torch.float32, torch.float16):
         "tv": lambda: torchvision.ops.roi_align(feats, rois, 7, 0.125, 2, True),
         "ours": lambda: roi_align(feats, rois, 7, 0.125, 2, "avg", True),
     }
-    pyr = [torch.randn(4, 256, 640 // s, 640 // s, generator=g).cuda().to(dtype).requires_grad_(True) for s in (8, 16, 32)]
+    pyr = [
+        torch.randn(4, 256, 640 // s, 640 // s, generator=g).cuda().to(dtype).requires_grad_(True) for s in (8, 16, 32)
+    ]
     boxes = [rois[rois[:, 0] == i, 1:] for i in range(4)]
     ms = MultiScaleRoIAlign(7, (8, 16, 32), 2, aligned=False)
     named = dict(zip(["p3", "p4", "p5"], pyr))

@@ -33,7 +33,8 @@ def test_headless_demo_writes_video_and_summary(tmp_path):
                       "--headless", "--output", "out.mp4", "--frames", "4", "--warmup", "1",
                       "--save-frame", "1", "--save-dir", "shots", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert re.search(r"webcam demo: 4 frames, patched: mean [\d.]+ FPS, median [\d.]+ FPS", result.stdout), result.stdout
+    summary = r"webcam demo: 4 frames, patched: mean [\d.]+ FPS, median [\d.]+ FPS"
+    assert re.search(summary, result.stdout), result.stdout
     output = cv2.VideoCapture(str(tmp_path / "out.mp4"))
     assert int(output.get(cv2.CAP_PROP_FRAME_COUNT)) == 4
     assert cv2.imread(str(tmp_path / "shots" / "frame_00001.jpg")) is not None

@@ -51,7 +51,8 @@ def make_prediction(
     for image in range(batch):
         classes = torch.randperm(num_classes, generator=generator)[:image_classes]
         for _ in range(int(torch.randint(0, 7, (1,), generator=generator))):
-            members = torch.randperm(num_anchors, generator=generator)[: int(torch.randint(3, 40, (1,), generator=generator))]
+            shuffled = torch.randperm(num_anchors, generator=generator)
+            members = shuffled[: int(torch.randint(3, 40, (1,), generator=generator))]
             centre, size = uniform(2, high=IMAGE_SIZE), uniform(2, low=16, high=300)
             jitter = uniform(4, len(members), low=-0.15, high=0.15)
             prediction[image, 0:2, members] = centre[:, None] + jitter[:2] * size[:, None]
@@ -162,7 +163,9 @@ def test_every_anchor_passes_and_more_than_max_nms(generator, device):
     prediction[:, 4:8] = prediction[:, 4:8] * 0.5 + 0.3  # every score above conf
     prediction = prediction.to(device)
     for options in ({}, {"max_nms": 100}, {"multi_label": True, "max_nms": 1000}, {"agnostic": True, "max_nms": 7}):
-        assert_same_detections(non_max_suppression(prediction, **options), stock_non_max_suppression(prediction, **options))
+        assert_same_detections(
+            non_max_suppression(prediction, **options), stock_non_max_suppression(prediction, **options)
+        )
 
 
 @pytest.mark.parametrize("device", devices())
@@ -197,7 +200,9 @@ def test_zero_area_boxes(generator, device):
     prediction[:, 4, 10:20] = torch.linspace(0.5, 0.9, 10)
     prediction = prediction.to(device)
     for options in ({}, {"agnostic": True}, {"iou_thres": 0.0}):
-        assert_same_detections(non_max_suppression(prediction, **options), stock_non_max_suppression(prediction, **options))
+        assert_same_detections(
+            non_max_suppression(prediction, **options), stock_non_max_suppression(prediction, **options)
+        )
 
 
 @pytest.mark.parametrize("device", devices())
@@ -269,13 +274,15 @@ def test_stock_handles_end2end_rotated_and_double(generator):
     rotated = make_prediction(generator, 2, num_extra=1)  # the extra channel is the angle
     double = make_prediction(generator, 2).double()
     for prediction, options in ((end2end, {"end2end": True}), (rotated, {"nc": 4, "rotated": True}), (double, {})):
-        for mine, theirs in zip(non_max_suppression(prediction, **options), stock_non_max_suppression(prediction, **options)):
+        ours = non_max_suppression(prediction, **options)
+        for mine, theirs in zip(ours, stock_non_max_suppression(prediction, **options)):
             assert torch.equal(mine, theirs)
 
 
 def test_opcheck(generator):
     prediction = make_prediction(generator, 2, num_extra=1)
-    torch.library.opcheck(torch.ops.yolo_fastdetect.batched_nms, (prediction, 4, 0.25, 0.45, None, False, False, 30, 1000, 7680.0))
+    arguments = (prediction, 4, 0.25, 0.45, None, False, False, 30, 1000, 7680.0)
+    torch.library.opcheck(torch.ops.yolo_fastdetect.batched_nms, arguments)
 
 
 @pytest.mark.cuda

@@ -83,7 +83,8 @@ def cpu_flags() -> list[str]:
     contraction, so that results round as torch's and torchvision's own CPU kernels do; OpenMP, which
     ``at::parallel_for`` needs to run on torch's intra-op threads. The C++ standard is left to torch (C++20 from
     2.13 on)."""
-    return os.environ.get("YOLO_FASTDETECT_CXXFLAGS", "-O3 -march=native -fno-trapping-math -ffp-contract=off -fopenmp").split()
+    default = "-O3 -march=native -fno-trapping-math -ffp-contract=off -fopenmp"
+    return os.environ.get("YOLO_FASTDETECT_CXXFLAGS", default).split()
 
 
 def _cpu_signature() -> str:

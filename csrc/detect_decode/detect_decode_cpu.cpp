@@ -85,7 +85,8 @@ void decode_box_tile(const scalar_t* boxes_batch, int64_t num_anchors, int64_t f
     anchor_centre(levels, first + lane, centre_x, centre_y, stride);
     const float anchor_distance[4] = {distance[0][lane], distance[1][lane], distance[2][lane], distance[3][lane]};
     distances_to_box(centre_x, centre_y, anchor_distance, stride, xywh, box);
-    for (int side = 0; side < 4; ++side) out_batch[side * num_anchors + first + lane] = static_cast<scalar_t>(box[side]);
+    for (int side = 0; side < 4; ++side)
+      out_batch[side * num_anchors + first + lane] = static_cast<scalar_t>(box[side]);
   }
 }
 
@@ -109,7 +110,8 @@ void decode_cpu_kernel(const scalar_t* boxes, const scalar_t* scores, scalar_t* 
         for (int64_t anchor = first; anchor < first + count; ++anchor) {
           float box[4];
           decode_anchor_box<RegMax>(boxes_batch + anchor, num_anchors, levels, anchor, xywh, box);
-          for (int side = 0; side < 4; ++side) out_batch[side * num_anchors + anchor] = static_cast<scalar_t>(box[side]);
+          for (int side = 0; side < 4; ++side)
+            out_batch[side * num_anchors + anchor] = static_cast<scalar_t>(box[side]);
         }
       }
     }

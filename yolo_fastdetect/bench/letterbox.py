@@ -4,8 +4,9 @@ Stock is what the predictor does: ``LetterBox`` (cv2) on each image on the CPU, 
 then BGR->RGB, CHW, dtype and /255 on the device (``BasePredictor.preprocess``). Ours packs the original images
 into pinned memory in several threads, uploads each piece without blocking as soon as it is filled, and runs one
 kernel for the whole batch (:func:`yolo_fastdetect.letterbox`). The images are the wheel's bus.jpg and zidane.jpg,
-alternating, so a batch holds two sizes (the predictor then letterboxes to the full square, ``auto=False``). Median milliseconds per batch (CUDA events around each call, so host work is included; a
-wall clock on the CPU). Prints one markdown table, with whether both inputs are bit-identical.
+alternating, so a batch holds two sizes (the predictor then letterboxes to the full square, ``auto=False``).
+Median milliseconds per batch (CUDA events around each call, so host work is included; a wall clock on the CPU).
+Prints one markdown table, with whether both inputs are bit-identical.
 """
 
 from __future__ import annotations

@@ -78,7 +78,9 @@ def bench_operator(device: str, dtype: torch.dtype, repeats: int, batches: list[
                 kwargs = {"conf_thres": conf, "iou_thres": iou, "multi_label": multi_label}
                 agreement = _agreement(non_max_suppression(prediction, **kwargs),
                                        stock_non_max_suppression(prediction, **kwargs))
-                stock_ms = single_call_median_ms(lambda: stock_non_max_suppression(prediction, **kwargs), device, repeats)
+                stock_ms = single_call_median_ms(
+                    lambda: stock_non_max_suppression(prediction, **kwargs), device, repeats
+                )
                 ours_ms = single_call_median_ms(lambda: non_max_suppression(prediction, **kwargs), device, repeats)
                 print(f"| {batch} | {candidates} | {name} (conf {conf}) | {stock_ms:.3f} | {ours_ms:.3f} | "
                       f"{stock_ms / ours_ms:.1f}x | {agreement} |", flush=True)
