@@ -578,6 +578,7 @@ using Bits = std::conditional_t<sizeof(T) == 2, unsigned short,
 // pooled output (50 MB for the benchmark's float32 case), so that it does not push the maps out of the L2 cache.
 template <typename T>
 __device__ __forceinline__ void store_evict_first(T* address, T value) {
+  static_assert(sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8, "elements of 2, 4 or 8 bytes");
   Bits<T> bits;
   memcpy(&bits, &value, sizeof(T));
   __stcs(reinterpret_cast<Bits<T>*>(address), bits);
