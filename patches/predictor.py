@@ -1,17 +1,20 @@
-"""Patch ``DetectionPredictor.preprocess`` and ``.inference``: letterbox on the GPU, forward pass from CUDA graphs.
+"""Patch ``DetectionPredictor.setup_source``, ``.preprocess`` and ``.inference``: parallel read-ahead decoding of
+file sources, letterbox on the GPU, forward pass from CUDA graphs.
 
-Stock Ultralytics letterboxes each image on the CPU (cv2), then uploads the batch; at batch 1 its eager forward pass
-spends most of its time launching kernels. On a CUDA device the patched predictor
-
-- letterboxes in the ``letterbox`` operator on the GPU, uploading the original images (bit-identical input);
-- replays the forward pass from a CUDA graph per input shape (:mod:`yolo_fastdetect.graphs`): a shape's first batch
-  runs eagerly, its second is captured. ``YOLO_FASTDETECT_GRAPHS=0`` turns the replay off,
+- ``setup_source`` (every device): file sources (an image, video, folder, glob, ``.txt``/``.csv`` list, or a Python
+  list of paths) are read by :mod:`yolo_fastdetect.sources`, which decodes ahead on a pool of threads exactly as
+  stock decodes them; streams, URLs and in-memory inputs keep Ultralytics' loaders. ``YOLO_FASTDETECT_SOURCES=0``
+  keeps them for everything.
+- ``preprocess`` (CUDA): letterboxes in the ``letterbox`` operator on the GPU, uploading the original images
+  (bit-identical input).
+- ``inference`` (CUDA): replays the forward pass from a CUDA graph per input shape (:mod:`yolo_fastdetect.graphs`):
+  a shape's first batch runs eagerly, its second is captured. ``YOLO_FASTDETECT_GRAPHS=0`` turns the replay off,
   ``YOLO_FASTDETECT_GRAPH_CACHE`` bounds the number of graphs kept (default 8).
 
-``DetectionPredictor`` inherits both methods from ``BasePredictor``; ``apply()`` sets them on ``DetectionPredictor``
+``DetectionPredictor`` inherits these methods from ``BasePredictor``; ``apply()`` sets them on ``DetectionPredictor``
 (so Segment, Pose and OBB predictors get them too) and ``revert()`` restores its ``__dict__`` as it was. Everything
-else (CPU, other model formats, ``augment``/``embed``/``visualize``, a custom ``pre_transform``, forward hooks such
-as the tracker's ReID hook, extra arguments) runs the stock method.
+else (CPU preprocessing and inference, other model formats, ``augment``/``embed``/``visualize``, a custom
+``pre_transform``, forward hooks such as the tracker's ReID hook, extra arguments) runs the stock method.
 
 The replayed outputs are the graph's static tensors and are overwritten by the next replay of that shape. The stock
 loop post-processes a batch before it runs the next one, and NMS makes new tensors for the ``Results``, so nothing a
@@ -33,6 +36,7 @@ from ultralytics.nn.tasks import DetectionModel, OBBModel, PoseModel, Segmentati
 from yolo_fastdetect import _ext
 from yolo_fastdetect.graphs import default_cache
 from yolo_fastdetect.ops.letterbox import letterbox
+from yolo_fastdetect.sources import file_loader
 
 GRAPHS_VARIABLE = "YOLO_FASTDETECT_GRAPHS"
 
@@ -81,8 +85,30 @@ def letterbox_options(predictor: DetectionPredictor, im) -> dict | None:
     }
 
 
+def setup_source(self: DetectionPredictor, source, stride: int | None = None) -> None:
+    """``BasePredictor.setup_source`` with the parallel loader of :mod:`yolo_fastdetect.sources` for file sources
+    (stock takes a ready loader as it is); stock's loader for every other source."""
+    loader = file_loader(
+        source, batch=self.args.batch, vid_stride=self.args.vid_stride, channels=getattr(self.model, "channels", 3)
+    )
+    _stock(self, "setup_source")(source if loader is None else loader, stride)
+
+
 def preprocess(self: DetectionPredictor, im) -> torch.Tensor:
     """``BasePredictor.preprocess`` with the letterbox on the GPU; the stock method where that does not apply."""
+    if self.args.rect and getattr(self.dataset, "same_shapes", True) is False:
+        # A list of paths arrives in batches (PathListLoader), where stock letterboxes it as one batch: with `auto`
+        # (minimal padding) only when every image of the list has one shape. So no batch of this list takes `auto`.
+        self.args.rect = False
+        try:
+            return _letterboxed(self, im)
+        finally:
+            self.args.rect = True
+    return _letterboxed(self, im)
+
+
+def _letterboxed(self: DetectionPredictor, im) -> torch.Tensor:
+    """The model input of ``im``: the letterbox operator on a CUDA device, else the stock method."""
     if self.device is not None and self.device.type == "cuda" and _ext.has_cuda_kernels():
         options = letterbox_options(self, im)
         if options is not None:
@@ -119,7 +145,7 @@ def inference(self: DetectionPredictor, im: torch.Tensor, *args, **kwargs):
     return default_cache()(lambda x: model(x, augment=augment, embed=embed), im, owner=model.model, variant=variant)
 
 
-_METHODS = {"preprocess": preprocess, "inference": inference}
+_METHODS = {"setup_source": setup_source, "preprocess": preprocess, "inference": inference}
 
 
 def apply() -> None:
@@ -131,7 +157,7 @@ def apply() -> None:
 
 
 def revert() -> None:
-    """Restore ``DetectionPredictor``'s ``__dict__`` (in 8.4 it inherits both methods) and drop the graphs
+    """Restore ``DetectionPredictor``'s ``__dict__`` (in 8.4 it inherits all three methods) and drop the graphs
     (idempotent)."""
     if is_applied():
         for name in _METHODS:
@@ -144,5 +170,5 @@ def revert() -> None:
 
 
 def is_applied() -> bool:
-    """Whether both methods are the patched ones."""
+    """Whether the three methods are the patched ones."""
     return all(DetectionPredictor.__dict__.get(name) is method for name, method in _METHODS.items())

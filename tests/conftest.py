@@ -57,9 +57,13 @@ def subprocess_env(**overrides: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": python_path, **overrides}
 
 
-def detecting_model(device: str = "cpu", config: str = "yolo11n.yaml"):
+def detecting_model(device: str = "cpu", config: str = "yolo11n.yaml", logit_scale: float = 1.0):
     """A model from its YAML with seeded weights; the biases of classes 0 and 5 (person, bus) raised so that random
-    weights detect them, the others lowered so that the stock NMS stays fast enough to compare against."""
+    weights detect them, the others lowered so that the stock NMS stays fast enough to compare against.
+
+    Random weights give nearly the same class logit everywhere, so most scores tie; ``logit_scale`` (e.g. 1e7)
+    scales the class convolutions' weights so that scores differ from box to box and stock and patched NMS keep
+    the same boxes in the same order (ties would be broken differently)."""
     from ultralytics import YOLO
 
     torch.manual_seed(0)
@@ -68,6 +72,7 @@ def detecting_model(device: str = "cpu", config: str = "yolo11n.yaml"):
         bias = torch.full_like(branch[-1].bias, -6.0)
         bias[[c for c in (0, 5) if c < len(bias)]] = 1.0
         branch[-1].bias.data.copy_(bias)
+        branch[-1].weight.data.mul_(logit_scale)
     return model.to(device)
 
 

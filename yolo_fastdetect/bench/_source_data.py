@@ -1,0 +1,53 @@
+"""The files ``bench sources`` reads, made offline from the wheel's bus.jpg and zidane.jpg: JPEGs of several sizes
+and qualities, each a different random crop (so no two files are alike), and mp4 clips that pan across the two
+images (so that consecutive frames differ and the decoder has real work)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+SIZES = ((640, 480), (1280, 720), (1920, 1080), (3840, 2160))  # (width, height)
+QUALITIES = (75, 90, 95)
+
+
+def _assets() -> list[np.ndarray]:
+    from ultralytics.utils import ASSETS
+
+    return [cv2.imread(str(ASSETS / name)) for name in ("bus.jpg", "zidane.jpg")]
+
+
+def write_jpegs(folder: Path, count: int, sizes=SIZES, qualities=QUALITIES, seed: int = 0) -> list[Path]:
+    """``count`` JPEGs cycling through ``sizes`` and ``qualities``: a random crop of an asset (at least half of it,
+    flipped at random), resized. Returns their paths in name order."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    assets = _assets()
+    paths = []
+    for index in range(count):
+        image = assets[index % len(assets)]
+        height, width = image.shape[:2]
+        crop_h, crop_w = int(height * rng.uniform(0.5, 1.0)), int(width * rng.uniform(0.5, 1.0))
+        top, left = rng.integers(0, height - crop_h + 1), rng.integers(0, width - crop_w + 1)
+        crop = image[top : top + crop_h, left : left + crop_w]
+        if rng.random() < 0.5:
+            crop = crop[:, ::-1]
+        size = sizes[index % len(sizes)]
+        path = folder / f"img_{index:05d}_{size[0]}x{size[1]}.jpg"
+        quality = qualities[index // len(sizes) % len(qualities)]
+        cv2.imwrite(str(path), cv2.resize(crop, size, interpolation=cv2.INTER_AREA), [cv2.IMWRITE_JPEG_QUALITY, quality])
+        paths.append(path)
+    return sorted(paths)
+
+
+def write_clip(path: Path, frames: int, width: int, height: int, fps: float = 30.0) -> Path:
+    """An mp4 (mp4v: the encoder OpenCV's wheels carry) of ``frames`` frames panning across the two assets."""
+    strip = np.concatenate([cv2.resize(image, (width, height)) for image in _assets() * 2], axis=1)
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
+    for index in range(frames):
+        shift = index * (strip.shape[1] - width) // max(1, frames - 1)
+        writer.write(np.ascontiguousarray(strip[:, shift : shift + width]))
+    writer.release()
+    return path

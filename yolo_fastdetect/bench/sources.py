@@ -1,0 +1,231 @@
+"""``python -m yolo_fastdetect bench sources``: ``model.predict`` on files, stock Ultralytics against ours.
+
+It writes its own data in a temporary folder (``--keep DIR`` keeps it there): ``--images`` JPEGs cycling through
+640x480, 1280x720, 1920x1080 and 3840x2160 at qualities 75/90/95 (random crops of the wheel's images), and a 720p
+and a 1080p mp4 clip of ``--frames`` frames. Then, in one process on one model (toggled with
+``yolo_fastdetect.disable()`` / ``enable()``), with ``stream=True``, fp16 on CUDA:
+
+- a Python list of the paths, and the folder, at each ``--batches``; each clip at each ``--video-batches``;
+- per case: stock and ours (an untimed pass first, then the median of ``--repeats`` passes), in images (frames)
+  per second; the ceiling of a pipelined loader, min(decode-only rate on all decoder threads, ours on the same
+  images already in memory at that batch size), and ours as a share of it; whether both detect the same (same
+  paths in order, same box counts, largest distance from one of our boxes to stock's nearest of its class);
+- peak host memory of loading a list of ``--memory-paths`` paths (640x480 files, repeated): stock's loader (which
+  decodes the whole list first) against ours, each in a fresh process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import cv2
+import torch
+
+from ._source_data import SIZES, write_clip, write_jpegs
+from ._timing import detecting_model, environment_line
+from .e2e import detection_difference
+
+
+def predict_pass(model, source, batch: int, options: dict) -> tuple[float, list]:
+    """Seconds of one full ``stream=True`` pass, and per result its path and boxes."""
+    records = []
+    begin = time.perf_counter()
+    for result in model.predict(source, stream=True, batch=batch, **options):
+        records.append((result.path, result.boxes.data.cpu()))
+    if options["device"] == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - begin, records
+
+
+def timed_rate(model, source, batch: int, options: dict, repeats: int) -> tuple[float, list]:
+    """Median images per second over ``repeats`` passes after an untimed one; the last pass's records."""
+    predict_pass(model, source, batch, options)
+    rates = []
+    for _ in range(repeats):
+        seconds, records = predict_pass(model, source, batch, options)
+        rates.append(len(records) / seconds)
+    return statistics.median(rates), records
+
+
+def same_detections(ours: list, stock: list) -> dict:
+    """Whether both passes saw the same paths in order, and :func:`detection_difference` of their boxes."""
+    def as_results(records):
+        return [SimpleNamespace(boxes=SimpleNamespace(data=boxes)) for _, boxes in records]
+
+    difference = detection_difference(as_results(ours), as_results(stock))
+    difference["same_paths"] = [path for path, _ in ours] == [path for path, _ in stock]
+    return difference
+
+
+def decode_rate(kind: str, paths: list[Path], threads: int) -> float:
+    """Images (frames) per second of decoding alone, the way our loader decodes this source, on all threads."""
+    from yolo_fastdetect.sources import OrderedPrefetch, VideoReader
+    from yolo_fastdetect.sources.files import _decode as imread_decode
+    from yolo_fastdetect.sources.path_list import _decode as pil_decode
+
+    begin = time.perf_counter()
+    if kind == "video":
+        reader, frames = VideoReader([str(p) for p in paths], 1, False, capacity=64), 0
+        while (item := reader.get()) != "end":
+            frames += hasattr(item, "image")
+            if getattr(item, "last", False):
+                break
+        reader.close()
+        return frames / (time.perf_counter() - begin)
+    if kind == "list":
+        work, items = (lambda item: pil_decode(item, 3)), list(enumerate(map(str, paths)))
+    else:
+        work, items = (lambda path: imread_decode(path, cv2.IMREAD_COLOR)), list(map(str, paths))
+    with OrderedPrefetch(work, items, threads, window=2 * threads) as decoded:
+        count = sum(1 for _ in decoded)
+    return count / (time.perf_counter() - begin)
+
+
+def in_memory_rate(model, images: list, batch: int, options: dict, repeats: int) -> float:
+    """Ours on already-decoded images, ``batch`` at a time: the GPU side's rate, the loader's other ceiling."""
+    def one_pass():
+        begin = time.perf_counter()
+        for start in range(0, len(images), batch):
+            model.predict(images[start : start + batch], batch=batch, **options)
+        if options["device"] == "cuda":
+            torch.cuda.synchronize()
+        return len(images) / (time.perf_counter() - begin)
+
+    one_pass()
+    return statistics.median(one_pass() for _ in range(repeats))
+
+
+def decoded(kind: str, paths: list[Path]) -> list:
+    if kind != "video":
+        return [cv2.imread(str(p)) for p in paths]
+    capture, frames = cv2.VideoCapture(str(paths[0])), []
+    while (frame := capture.read())[0]:
+        frames.append(frame[1])
+    capture.release()
+    return frames
+
+
+def peak_memory_mb(side: str, list_file: Path) -> float:
+    """Peak resident memory (MB) of a fresh process that loads the list of paths in ``list_file`` as ``side`` does."""
+    command = [sys.executable, "-m", "yolo_fastdetect.bench.sources", "--measure-memory", side, str(list_file)]
+    output = subprocess.run(command, capture_output=True, text=True, check=True, env={**os.environ}).stdout
+    return float(output.strip().splitlines()[-1])
+
+
+def _measure_memory(side: str, list_file: str) -> None:
+    """The child of :func:`peak_memory_mb`: load every image of the list, print the peak RSS in MB."""
+    import resource
+
+    paths = Path(list_file).read_text().splitlines()
+    if side == "stock":
+        from ultralytics.data.build import load_inference_source
+
+        load_inference_source(paths)  # autocast_list + LoadPilAndNumpy: every image decoded and held
+    else:
+        from yolo_fastdetect.sources import PathListLoader, decode_threads
+
+        for _ in PathListLoader(paths, batch=64, threads=decode_threads()):
+            pass
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def make_data(root: Path, args) -> dict[str, list[Path]]:
+    sizes = [tuple(int(v) for v in size.split("x")) for size in args.sizes]
+    data = {"images": write_jpegs(root / "images", args.images, sizes=sizes)}
+    for width, height in ((1280, 720), (1920, 1080)):
+        data[f"video {height}p"] = [write_clip(root / f"clip_{height}p.mp4", args.frames, width, height)]
+    small = [p for p in data["images"] if p.name.endswith("_640x480.jpg")] or data["images"]
+    data["memory list"] = root / "memory_list.txt"
+    data["memory list"].write_text("\n".join(str(small[i % len(small)]) for i in range(args.memory_paths)))
+    return data
+
+
+def run(args) -> list[dict]:
+    import yolo_fastdetect
+    from yolo_fastdetect.sources import decode_threads
+
+    threads = decode_threads()
+    cuda = args.device == "cuda"
+    options = {"device": args.device, "verbose": False, "quantize": 16 if cuda else None}
+    model = detecting_model(args.model)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="yfd_bench_sources_") as scratch:
+        root = Path(args.keep or scratch)
+        data = make_data(root, args)
+        cases = [(kind, batch) for kind in ("list", "folder") for batch in args.batches]
+        cases += [(kind, batch) for kind in ("video 720p", "video 1080p") for batch in args.video_batches]
+        for kind, batch in cases:
+            paths = data[kind] if kind.startswith("video") else data["images"]
+            source = {"list": [str(p) for p in paths], "folder": str(root / "images")}.get(kind, str(paths[0]))
+            row = {"source": kind, "batch": batch}
+            for side, switch in (("stock", yolo_fastdetect.disable), ("ours", yolo_fastdetect.enable)):
+                switch()
+                row[side], row[f"{side}_records"] = timed_rate(model, source, batch, options, args.repeats)
+            row["detections"] = same_detections(row.pop("ours_records"), row.pop("stock_records"))
+            row["decode_only"] = decode_rate(kind.split()[0], paths, threads)
+            row["in_memory"] = in_memory_rate(model, decoded(kind.split()[0], paths), batch, options, args.repeats)
+            row["ceiling"] = min(row["decode_only"], row["in_memory"])
+            rows.append(row)
+            print(f"  {kind} batch {batch}: stock {row['stock']:.0f}, ours {row['ours']:.0f} img/s "
+                  f"(ceiling {row['ceiling']:.0f})", flush=True)
+        memory = {side: peak_memory_mb(side, data["memory list"]) for side in ("stock", "ours")}
+    return rows, memory, threads
+
+
+def markdown(rows: list[dict], memory: dict, threads: int, args) -> str:
+    lines = [
+        f"{environment_line()} | {os.cpu_count()} CPUs, {threads} decoder threads | model {args.model} | "
+        f"{args.images} JPEGs ({', '.join(args.sizes)}), clips of {args.frames} frames",
+        "",
+        "| source | batch | stock img/s | ours img/s | speed-up | decode-only img/s | in-memory img/s (ours) | "
+        "ours / ceiling | same paths, counts | max box diff (px) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for row in rows:
+        detections = row["detections"]
+        same = "yes" if detections["same_paths"] and detections["same_counts"] else "NO"
+        lines.append(
+            f"| {row['source']} | {row['batch']} | {row['stock']:.0f} | {row['ours']:.0f} | "
+            f"{row['ours'] / row['stock']:.2f}x | {row['decode_only']:.0f} | {row['in_memory']:.0f} | "
+            f"{row['ours'] / row['ceiling']:.0%} | {same} | {detections['max_box_diff_px']:.2g} |"
+        )
+    lines += ["", f"Peak host memory loading a list of {args.memory_paths} paths (640x480): stock "
+                  f"{memory['stock']:.0f} MB, ours {memory['ours']:.0f} MB"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="yolo-fastdetect bench sources", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="yolov8s.yaml")
+    parser.add_argument("--images", type=int, default=256)
+    parser.add_argument("--sizes", nargs="+", default=[f"{w}x{h}" for w, h in SIZES])
+    parser.add_argument("--frames", type=int, default=300)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--video-batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--memory-paths", type=int, default=2000)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
+    parser.add_argument("--keep", type=Path, help="write the data here and keep it")
+    parser.add_argument("--json", type=Path, help="also write the raw numbers here")
+    parser.add_argument("--measure-memory", nargs=2, metavar=("SIDE", "LIST"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.measure_memory:
+        _measure_memory(*args.measure_memory)
+        return
+    rows, memory, threads = run(args)
+    print(markdown(rows, memory, threads, args))
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "memory_mb": memory, "threads": threads}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

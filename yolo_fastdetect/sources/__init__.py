@@ -1,0 +1,93 @@
+"""Parallel, read-ahead loaders for file sources, decoded exactly as stock Ultralytics decodes them.
+
+:func:`file_loader` returns the loader for what ``model.predict`` calls a file source, or None for what stays
+stock (streams, webcams, screenshots, URLs, in-memory images and tensors):
+
+- a path (image, video, folder, glob, ``.txt``/``.csv`` list of paths): :class:`FileLoader`;
+- a list or tuple of paths (``str`` or ``Path``): :class:`PathListLoader`.
+
+Settings (environment variables, read when a loader is made):
+
+- ``YOLO_FASTDETECT_SOURCES=0``: Ultralytics' own loaders;
+- ``YOLO_FASTDETECT_DECODE_THREADS``: decoder threads (default: the CPU cores this process may use, less one);
+- ``YOLO_FASTDETECT_READ_AHEAD``: batches decoded ahead of the predictor (default 2).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .files import FileLoader
+from .path_list import PathListLoader
+from .prefetch import OrderedPrefetch
+from .video import VideoReader
+
+__all__ = ["FileLoader", "OrderedPrefetch", "PathListLoader", "VideoReader", "decode_threads", "file_loader",
+           "read_ahead"]
+
+SOURCES_VARIABLE = "YOLO_FASTDETECT_SOURCES"
+THREADS_VARIABLE = "YOLO_FASTDETECT_DECODE_THREADS"
+READ_AHEAD_VARIABLE = "YOLO_FASTDETECT_READ_AHEAD"
+
+# What check_source treats as a stream, a URL or a screenshot rather than a local file.
+_STREAM_PREFIXES = ("rtsp://", "rtmp://", "tcp://", "http://", "https://")
+
+
+def _positive_int(variable: str, default: int) -> int:
+    value = os.environ.get(variable)
+    if value is None or value == "":
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise ValueError(f"yolo_fastdetect: {variable} must be a positive integer, got {value!r}")
+    return number
+
+
+def decode_threads() -> int:
+    """Decoder threads: ``YOLO_FASTDETECT_DECODE_THREADS``, else the cores this process may run on, less one (the
+    predictor's thread), at least one."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return _positive_int(THREADS_VARIABLE, max(1, cores - 1))
+
+
+def read_ahead() -> int:
+    """Batches decoded ahead of the predictor: ``YOLO_FASTDETECT_READ_AHEAD``, default 2."""
+    return _positive_int(READ_AHEAD_VARIABLE, 2)
+
+
+def _is_local_path(source: object) -> bool:
+    """Whether ``check_source`` would send ``source`` to ``LoadImagesAndVideos`` (not a webcam, stream, URL or
+    screenshot)."""
+    if isinstance(source, Path):
+        return True
+    if not isinstance(source, str):
+        return False
+    lower = source.lower()
+    screenshot = lower == "screen" or (lower.startswith("screen ") and not Path(source).exists())
+    return not (source.isnumeric() or lower.endswith(".streams") or lower.startswith(_STREAM_PREFIXES) or screenshot)
+
+
+def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3) -> FileLoader | PathListLoader | None:
+    """The parallel loader for ``source``, or None where Ultralytics' own loader stays (not a file source, or
+    ``YOLO_FASTDETECT_SOURCES=0``). Raises what stock raises for a missing path.
+
+    Examples:
+        >>> loader = file_loader("path/to/folder", batch=16)
+        >>> file_loader(0) is None  # a webcam stays stock
+        True
+    """
+    if os.environ.get(SOURCES_VARIABLE, "1") == "0":
+        return None
+    options = {"batch": batch, "channels": channels, "threads": decode_threads(), "read_ahead": read_ahead()}
+    if _is_local_path(source):
+        return FileLoader(source, vid_stride=vid_stride, **options)
+    if isinstance(source, (list, tuple)) and source and all(
+        isinstance(item, Path) or (isinstance(item, str) and not item.lower().startswith(("http://", "https://")))
+        for item in source
+    ):
+        return PathListLoader(source, **options)
+    return None

@@ -1,0 +1,129 @@
+"""Image files, folders, globs, ``.txt``/``.csv`` lists and videos: ``LoadImagesAndVideos`` with parallel,
+read-ahead decoding.
+
+Stock ``LoadImagesAndVideos`` decodes a batch of images only when the predictor asks for it (one at a time below
+batch 8, else in a ``ThreadPool`` of at most 8 threads made for that batch) and reads video frames on the
+predictor's thread. :class:`FileLoader` keeps its ``__init__`` (the same files, order, and errors for a missing
+path), and decodes ahead: images with Ultralytics' own ``imread`` on a pool of threads, videos on a background
+thread (:mod:`.video`). Its batches are stock's: the next ``batch`` images that decode (an unreadable one is skipped
+with stock's "Image Read Error" warning), images before videos, a batch never spanning two videos, and the same
+``info`` strings, ``mode``, ``frame``, ``frames``, ``fps`` and ``count`` as each batch is returned.
+"""
+
+from __future__ import annotations
+
+import threading
+from functools import partial
+from pathlib import Path
+
+import cv2
+import numpy as np
+from ultralytics.data import loaders
+from ultralytics.data.loaders import LoadImagesAndVideos, SourceTypes
+
+from .prefetch import OrderedPrefetch
+from .video import VIDEO_END, VideoReader, VideoStart
+
+# Ultralytics decodes these suffixes (HEIC, AVIF, ...) through lazily registered PIL plugins, which it keeps serial
+# because their registration is not thread-safe; one lock keeps them serial here too.
+_PIL_FALLBACK_LOCK = threading.Lock()
+
+
+def _decode(path: str, flags: int) -> np.ndarray | None:
+    """One image as ``LoadImagesAndVideos`` decodes it: Ultralytics' ``imread`` (None when unreadable)."""
+    if Path(path).suffix.lower() in loaders.PIL_FALLBACK_SUFFIXES:
+        with _PIL_FALLBACK_LOCK:
+            return loaders.imread(path, flags=flags)
+    return loaders.imread(path, flags=flags)
+
+
+class FileLoader(LoadImagesAndVideos):
+    """``LoadImagesAndVideos`` whose images decode on ``threads`` threads and videos on a background thread, up to
+    ``read_ahead`` batches ahead of the consumer (images: at least one per thread, so that batch 1 keeps every
+    thread busy).
+
+    Args:
+        path: What ``LoadImagesAndVideos`` takes: an image or video file, a folder, a glob, a ``.txt``/``.csv`` list
+            of paths, or a list of those.
+        batch (int): Batch size.
+        vid_stride (int): Video frame-rate stride.
+        channels (int): Image channels of the model (1 grayscale, 3 BGR).
+        threads (int): Image decoder threads.
+        read_ahead (int): Batches decoded ahead of the consumer.
+
+    Examples:
+        >>> for paths, images, info in FileLoader("path/to/folder", batch=16, threads=8, read_ahead=2):
+        ...     pass
+    """
+
+    def __init__(self, path, batch: int = 1, vid_stride: int = 1, channels: int = 3, threads: int = 1,
+                 read_ahead: int = 2):
+        super().__init__(path, batch=batch, vid_stride=vid_stride, channels=channels)
+        if self.cap:  # stock opened the first video to read its fps and frame count; the reader opens its own
+            self.cap.release()
+            self.cap = None
+        self.source_type = SourceTypes()  # what load_inference_source gives a file source: no stream, no arrays
+        self.threads, self.read_ahead = threads, read_ahead
+        self._images: OrderedPrefetch | None = None
+        self._videos: VideoReader | None = None
+        self._in_video = False
+
+    def __iter__(self) -> FileLoader:
+        self.close()
+        self.count = 0
+        if self.ni:
+            decode = partial(_decode, flags=self.cv2_flag)
+            window = max(self.read_ahead * self.bs, self.threads)
+            self._images = OrderedPrefetch(decode, self.files[: self.ni], self.threads, window)
+        if self.nf > self.ni:
+            gray = self.cv2_flag == cv2.IMREAD_GRAYSCALE
+            self._videos = VideoReader(self.files[self.ni :], self.vid_stride, gray, self.read_ahead * self.bs)
+        return self
+
+    def __next__(self) -> tuple[list[str], list[np.ndarray], list[str]]:
+        paths, images, info = [], [], []
+        while len(images) < self.bs:
+            if self.count >= self.nf:
+                if images:
+                    return paths, images, info
+                self.close()
+                raise StopIteration
+            if self.video_flag[self.count]:
+                if self._next_frame(paths, images, info):
+                    break
+            else:
+                self.mode = "image"
+                self._append_image(paths, images, info, self.files[self.count], next(self._images), self.count + 1)
+                self.count += 1
+                if self.count >= self.ni and images:  # flush the images before the videos start
+                    break
+        return paths, images, info
+
+    def _next_frame(self, paths: list, images: list, info: list) -> bool:
+        """Add the current video's next frame to the batch; True when the batch ends here (its video ended)."""
+        self.mode = "video"
+        if not self._in_video:
+            start: VideoStart = self._videos.get()
+            self.frame, self.fps, self.frames, self._in_video = 0, start.fps, start.frames, True
+        item = self._videos.get()
+        if item is VIDEO_END:
+            self.count += 1
+            self._in_video = False
+            return bool(images)
+        path = self.files[self.count]
+        self.frame += 1
+        paths.append(path)
+        images.append(item.image)
+        info.append(f"video {self.count + 1}/{self.nf} (frame {self.frame}/{self.frames}) {path}: ")
+        if item.last:
+            self.count += 1
+            self._in_video = False
+        return item.last
+
+    def close(self) -> None:
+        """Stop the decoder threads and release the videos (idempotent; the predictor calls it when it stops)."""
+        for reader in (self._images, self._videos):
+            if reader is not None:
+                reader.close()
+        self._images = self._videos = None
+        self._in_video = False

@@ -1,0 +1,83 @@
+"""Ordered, bounded read-ahead on a pool of threads: the machinery under the image loaders.
+
+Decoding a JPEG with OpenCV or Pillow releases the GIL, so threads decode in parallel while the predictor's thread
+runs the GPU. :class:`OrderedPrefetch` keeps at most ``window`` items in flight and returns the results in the
+items' order, so memory stays bounded on a source of any length and a consumer sees exactly the serial order.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Generic, TypeVar
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+def _shut_down(executor: ThreadPoolExecutor, pending: deque[Future]) -> None:
+    """Cancel what has not started and join the threads (what is running finishes: one decode at most each)."""
+    for future in pending:
+        future.cancel()
+    pending.clear()
+    executor.shutdown(wait=True, cancel_futures=True)
+
+
+class OrderedPrefetch(Generic[Item, Result]):
+    """``function(item)`` for each item, computed up to ``window`` items ahead on ``threads`` threads, returned in
+    order. An exception raised by ``function`` is raised by the ``next()`` that reaches its item.
+
+    The threads are owned by this object: they are joined when it is exhausted, on :meth:`close`, when a result
+    raises, and when the object is garbage-collected.
+
+    Examples:
+        >>> with OrderedPrefetch(str.upper, ["a", "b", "c"], threads=2, window=2) as upper:
+        ...     list(upper)
+        ['A', 'B', 'C']
+    """
+
+    def __init__(self, function: Callable[[Item], Result], items: Iterable[Item], threads: int, window: int):
+        self._function = function
+        self._items: Iterator[Item] = iter(items)
+        self._window = max(1, window)
+        self._pending: deque[Future] = deque()
+        self._executor = ThreadPoolExecutor(max(1, threads), thread_name_prefix="yolo_fastdetect_decode")
+        self._finalizer = weakref.finalize(self, _shut_down, self._executor, self._pending)
+        self._fill()
+
+    def _fill(self) -> None:
+        while len(self._pending) < self._window:
+            item = next(self._items, _END)
+            if item is _END:
+                return
+            self._pending.append(self._executor.submit(self._function, item))
+
+    def __iter__(self) -> OrderedPrefetch[Item, Result]:
+        return self
+
+    def __next__(self) -> Result:
+        if not self._pending:
+            self.close()
+            raise StopIteration
+        future = self._pending.popleft()
+        self._fill()
+        try:
+            return future.result()
+        except BaseException:  # the function's error, or KeyboardInterrupt while waiting: stop the threads first
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Stop reading ahead and join the threads (idempotent)."""
+        self._finalizer()
+
+    def __enter__(self) -> OrderedPrefetch[Item, Result]:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+_END = object()

@@ -1,0 +1,138 @@
+"""Video frames decoded on a background thread, exactly as Ultralytics' ``LoadImagesAndVideos`` reads them.
+
+Stock Ultralytics grabs and retrieves each frame on the predictor's thread, between GPU batches. Here one thread
+per loader reads the videos one after another into a bounded queue (the read-ahead), with stock's rules: per frame
+``vid_stride`` grabs then one retrieve; a retrieve that fails is skipped without counting; a video ends after its
+reported frame count (``CAP_PROP_FRAME_COUNT / vid_stride``) or at the first failed grab; a video that does not open
+raises ``FileNotFoundError("Failed to open video ...")`` when the consumer reaches it.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+# How often a blocked reader or consumer looks whether the other side has stopped (seconds).
+_POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class VideoStart:
+    """A video opened: its frame rate and frame count after ``vid_stride``, as ``LoadImagesAndVideos._new_video``."""
+
+    fps: float
+    frames: int
+
+
+@dataclass(frozen=True)
+class VideoFrame:
+    """One decoded frame; ``last`` when it is the video's reported last frame (stock ends the video there)."""
+
+    image: np.ndarray
+    last: bool
+
+
+VIDEO_END = "end"  # a grab failed: the video ended before its reported frame count (or could not be read on)
+
+
+def _put(frames: queue.Queue, stop: threading.Event, item) -> bool:
+    """Put ``item`` once there is room; False when the consumer stopped first."""
+    while not stop.is_set():
+        try:
+            frames.put(item, timeout=_POLL_S)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _read_one(path: str, vid_stride: int, gray: bool, frames: queue.Queue, stop: threading.Event) -> bool:
+    """Read one video into ``frames``; False when reading should stop (consumer gone, or the video did not open)."""
+    capture = cv2.VideoCapture(path)
+    try:
+        fps = capture.get(cv2.CAP_PROP_FPS)
+        if not capture.isOpened():
+            _put(frames, stop, FileNotFoundError(f"Failed to open video {path}"))
+            return False
+        count = int(capture.get(cv2.CAP_PROP_FRAME_COUNT) / vid_stride)
+        if not _put(frames, stop, VideoStart(fps, count)):
+            return False
+        frame = 0
+        while True:
+            grabbed = False
+            for _ in range(vid_stride):
+                grabbed = capture.grab()
+                if not grabbed:
+                    break
+            if not grabbed:
+                return _put(frames, stop, VIDEO_END)
+            retrieved, image = capture.retrieve()
+            if retrieved and image is not None:
+                if gray:
+                    image = cv2.cvtColor(image, cv2.COLOR_BGR2GRAY)[..., None]
+                frame += 1
+                if not _put(frames, stop, VideoFrame(image, last=frame == count)):
+                    return False
+                if frame == count:
+                    return True
+    finally:
+        capture.release()
+
+
+def _read_all(paths: Sequence[str], vid_stride: int, gray: bool, frames: queue.Queue, stop: threading.Event) -> None:
+    try:
+        for path in paths:
+            if not _read_one(path, vid_stride, gray, frames, stop):
+                return
+    except BaseException as error:  # noqa: BLE001 - handed to the consumer, which raises it
+        _put(frames, stop, error)
+
+
+def _stop(thread: threading.Thread, stop: threading.Event, frames: queue.Queue) -> None:
+    stop.set()
+    thread.join()
+    while not frames.empty():  # drop the decoded frames now rather than with the last reference to the queue
+        frames.get_nowait()
+
+
+class VideoReader:
+    """The frames of ``paths``, in order, decoded ahead on one thread into a queue of at most ``capacity`` items.
+
+    :meth:`get` returns, per video, a :class:`VideoStart`, then its :class:`VideoFrame` items, then
+    :data:`VIDEO_END` unless the last frame said ``last``; it raises what the reader raised (a video that did not
+    open, a decoder error). The thread and its open capture end at :meth:`close` or garbage collection.
+    """
+
+    def __init__(self, paths: Sequence[str], vid_stride: int, gray: bool, capacity: int):
+        self._frames: queue.Queue = queue.Queue(maxsize=max(1, capacity))
+        stop = threading.Event()
+        self._thread = threading.Thread(
+            target=_read_all, args=(list(paths), vid_stride, gray, self._frames, stop), daemon=True,
+            name="yolo_fastdetect_video",
+        )
+        self._thread.start()
+        self._finalizer = weakref.finalize(self, _stop, self._thread, stop, self._frames)
+
+    def get(self) -> VideoStart | VideoFrame | str:
+        """The next item; raises the reader's error. Never blocks once the reader has ended."""
+        while True:
+            try:
+                item = self._frames.get(timeout=_POLL_S)
+                break
+            except queue.Empty:
+                if not self._thread.is_alive() and self._frames.empty():
+                    raise RuntimeError("yolo_fastdetect: the video reader stopped before the end of the videos")
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
+        return item
+
+    def close(self) -> None:
+        """Stop the reader, join its thread, release its capture (idempotent)."""
+        self._finalizer()
