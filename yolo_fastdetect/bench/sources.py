@@ -36,11 +36,11 @@ from .e2e import detection_difference
 
 
 def predict_pass(model, source, batch: int, options: dict) -> tuple[float, list]:
-    """Seconds of one full ``stream=True`` pass, and per result its path and boxes."""
+    """Seconds of one full ``stream=True`` pass, and per result its path and ``Boxes`` (on the CPU)."""
     records = []
     begin = time.perf_counter()
     for result in model.predict(source, stream=True, batch=batch, **options):
-        records.append((result.path, result.boxes.data.cpu()))
+        records.append((result.path, result.boxes.cpu()))
     if options["device"] == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - begin, records
@@ -58,10 +58,7 @@ def timed_rate(model, source, batch: int, options: dict, repeats: int) -> tuple[
 
 def same_detections(ours: list, stock: list) -> dict:
     """Whether both passes saw the same paths in order, and :func:`detection_difference` of their boxes."""
-    def as_results(records):
-        return [SimpleNamespace(boxes=SimpleNamespace(data=boxes)) for _, boxes in records]
-
-    difference = detection_difference(as_results(ours), as_results(stock))
+    difference = detection_difference(*([SimpleNamespace(boxes=boxes) for _, boxes in side] for side in (ours, stock)))
     difference["same_paths"] = [path for path, _ in ours] == [path for path, _ in stock]
     return difference
 
@@ -121,21 +118,27 @@ def peak_memory_mb(side: str, list_file: Path) -> float:
     return float(output.strip().splitlines()[-1])
 
 
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory (VmHWM: unlike ``ru_maxrss``, not inherited from the parent's fork)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def _measure_memory(side: str, list_file: str) -> None:
     """The child of :func:`peak_memory_mb`: load every image of the list, print the peak RSS in MB."""
-    import resource
+    from ultralytics.data.build import load_inference_source
+
+    from yolo_fastdetect.sources import PathListLoader, decode_threads
 
     paths = Path(list_file).read_text().splitlines()
     if side == "stock":
-        from ultralytics.data.build import load_inference_source
-
         load_inference_source(paths)  # autocast_list + LoadPilAndNumpy: every image decoded and held
-    else:
-        from yolo_fastdetect.sources import PathListLoader, decode_threads
-
+    elif side == "ours":
         for _ in PathListLoader(paths, batch=64, threads=decode_threads()):
             pass
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    print(_peak_rss_mb())  # side "imports": the imports alone, the floor of both
 
 
 def make_data(root: Path, args) -> dict[str, list[Path]]:
@@ -177,7 +180,7 @@ def run(args) -> list[dict]:
             rows.append(row)
             print(f"  {kind} batch {batch}: stock {row['stock']:.0f}, ours {row['ours']:.0f} img/s "
                   f"(ceiling {row['ceiling']:.0f})", flush=True)
-        memory = {side: peak_memory_mb(side, data["memory list"]) for side in ("stock", "ours")}
+        memory = {side: peak_memory_mb(side, data["memory list"]) for side in ("imports", "stock", "ours")}
     return rows, memory, threads
 
 
@@ -199,7 +202,7 @@ def markdown(rows: list[dict], memory: dict, threads: int, args) -> str:
             f"{row['ours'] / row['ceiling']:.0%} | {same} | {detections['max_box_diff_px']:.2g} |"
         )
     lines += ["", f"Peak host memory loading a list of {args.memory_paths} paths (640x480): stock "
-                  f"{memory['stock']:.0f} MB, ours {memory['ours']:.0f} MB"]
+                  f"{memory['stock']:.0f} MB, ours {memory['ours']:.0f} MB (batch 64; the imports alone: {memory['imports']:.0f} MB)"]
     return "\n".join(lines)
 
 
