@@ -236,9 +236,9 @@ def test_list_header_sizes_match_decoded_shapes(tmp_path):
     stock's decode gives, for every variant (EXIF-rotated, CMYK, gray, PNG, progressive)."""
     from ultralytics.data.loaders import autocast_list
 
-    from yolo_fastdetect.sources.path_list import _upright_size
+    from yolo_fastdetect.sources.path_list import probe
 
     for path in write_images(tmp_path):
         if "broken" not in path.name:
             decoded = LoadPilAndNumpy._single_check(autocast_list([str(path)])[0])
-            assert _upright_size(path) == (decoded.shape[1], decoded.shape[0]), path.name
+            assert probe(path).upright_size == (decoded.shape[1], decoded.shape[0]), path.name

@@ -37,7 +37,8 @@ def write_jpegs(folder: Path, count: int, sizes=SIZES, qualities=QUALITIES, seed
         size = sizes[index % len(sizes)]
         path = folder / f"img_{index:05d}_{size[0]}x{size[1]}.jpg"
         quality = qualities[index // len(sizes) % len(qualities)]
-        cv2.imwrite(str(path), cv2.resize(crop, size, interpolation=cv2.INTER_AREA), [cv2.IMWRITE_JPEG_QUALITY, quality])
+        resized = cv2.resize(crop, size, interpolation=cv2.INTER_AREA)
+        cv2.imwrite(str(path), resized, [cv2.IMWRITE_JPEG_QUALITY, quality])
         paths.append(path)
     return sorted(paths)
 

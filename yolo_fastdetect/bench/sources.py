@@ -10,6 +10,7 @@ and a 1080p mp4 clip of ``--frames`` frames. Then, in one process on one model (
   per second; the ceiling of a pipelined loader, min(decode-only rate on all decoder threads, ours on the same
   images already in memory at that batch size), and ours as a share of it; whether both detect the same (same
   paths in order, same box counts, largest distance from one of our boxes to stock's nearest of its class);
+- ``--sources`` picks the cases (``list``, ``folder``, ``video``);
 - peak host memory of loading a list of ``--memory-paths`` paths (640x480 files, repeated): stock's loader (which
   decodes the whole list first) against ours, each in a fresh process.
 """
@@ -164,8 +165,9 @@ def run(args) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="yfd_bench_sources_") as scratch:
         root = Path(args.keep or scratch)
         data = make_data(root, args)
-        cases = [(kind, batch) for kind in ("list", "folder") for batch in args.batches]
-        cases += [(kind, batch) for kind in ("video 720p", "video 1080p") for batch in args.video_batches]
+        cases = [(kind, batch) for kind in ("list", "folder") if kind in args.sources for batch in args.batches]
+        if "video" in args.sources:
+            cases += [(kind, batch) for kind in ("video 720p", "video 1080p") for batch in args.video_batches]
         for kind, batch in cases:
             paths = data[kind] if kind.startswith("video") else data["images"]
             source = {"list": [str(p) for p in paths], "folder": str(root / "images")}.get(kind, str(paths[0]))
@@ -180,7 +182,8 @@ def run(args) -> list[dict]:
             rows.append(row)
             print(f"  {kind} batch {batch}: stock {row['stock']:.0f}, ours {row['ours']:.0f} img/s "
                   f"(ceiling {row['ceiling']:.0f})", flush=True)
-        memory = {side: peak_memory_mb(side, data["memory list"]) for side in ("imports", "stock", "ours")}
+        sides = ("imports", "stock", "ours") if args.memory_paths else ()
+        memory = {side: peak_memory_mb(side, data["memory list"]) for side in sides}
     return rows, memory, threads
 
 
@@ -201,8 +204,10 @@ def markdown(rows: list[dict], memory: dict, threads: int, args) -> str:
             f"{row['ours'] / row['stock']:.2f}x | {row['decode_only']:.0f} | {row['in_memory']:.0f} | "
             f"{row['ours'] / row['ceiling']:.0%} | {same} | {detections['max_box_diff_px']:.2g} |"
         )
-    lines += ["", f"Peak host memory loading a list of {args.memory_paths} paths (640x480): stock "
-                  f"{memory['stock']:.0f} MB, ours {memory['ours']:.0f} MB (batch 64; the imports alone: {memory['imports']:.0f} MB)"]
+    if memory:
+        lines += ["", f"Peak host memory loading a list of {args.memory_paths} paths (640x480): stock "
+                      f"{memory['stock']:.0f} MB, ours {memory['ours']:.0f} MB (batch 64; the imports alone: "
+                      f"{memory['imports']:.0f} MB)"]
     return "\n".join(lines)
 
 
@@ -214,8 +219,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--frames", type=int, default=300)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--video-batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--sources", nargs="+", default=["list", "folder", "video"], choices=["list", "folder", "video"])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--memory-paths", type=int, default=2000)
+    parser.add_argument("--memory-paths", type=int, default=2000, help="0 skips the memory measurement")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
     parser.add_argument("--keep", type=Path, help="write the data here and keep it")
     parser.add_argument("--json", type=Path, help="also write the raw numbers here")

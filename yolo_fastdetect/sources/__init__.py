@@ -10,7 +10,9 @@ Settings (environment variables, read when a loader is made):
 
 - ``YOLO_FASTDETECT_SOURCES=0``: Ultralytics' own loaders;
 - ``YOLO_FASTDETECT_DECODE_THREADS``: decoder threads (default: the CPU cores this process may use, less one);
-- ``YOLO_FASTDETECT_READ_AHEAD``: batches decoded ahead of the predictor (default 2).
+- ``YOLO_FASTDETECT_READ_AHEAD``: batches decoded ahead of the predictor (default 2);
+- ``YOLO_FASTDETECT_LIST_OPENCV=0``: every file of a list decodes through Pillow, as stock (by default OpenCV decodes
+  the JPEGs it decodes to the same bytes, see :mod:`.path_list`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ __all__ = ["FileLoader", "OrderedPrefetch", "PathListLoader", "VideoReader", "de
 SOURCES_VARIABLE = "YOLO_FASTDETECT_SOURCES"
 THREADS_VARIABLE = "YOLO_FASTDETECT_DECODE_THREADS"
 READ_AHEAD_VARIABLE = "YOLO_FASTDETECT_READ_AHEAD"
+LIST_OPENCV_VARIABLE = "YOLO_FASTDETECT_LIST_OPENCV"
 
 # What check_source treats as a stream, a URL or a screenshot rather than a local file.
 _STREAM_PREFIXES = ("rtsp://", "rtmp://", "tcp://", "http://", "https://")
@@ -89,5 +92,5 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3) 
         isinstance(item, Path) or (isinstance(item, str) and not item.lower().startswith(("http://", "https://")))
         for item in source
     ):
-        return PathListLoader(source, **options)
+        return PathListLoader(source, opencv_jpeg=os.environ.get(LIST_OPENCV_VARIABLE, "1") != "0", **options)
     return None
