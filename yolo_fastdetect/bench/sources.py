@@ -64,27 +64,12 @@ def same_detections(ours: list, stock: list) -> dict:
     return difference
 
 
-def decode_rate(kind: str, paths: list[Path], threads: int) -> float:
-    """Images (frames) per second of decoding alone, the way our loader decodes this source, on all threads."""
-    from yolo_fastdetect.sources import OrderedPrefetch, VideoReader
-    from yolo_fastdetect.sources.files import _decode as imread_decode
-    from yolo_fastdetect.sources.path_list import _decode as pil_decode
+def decode_rate(source) -> float:
+    """Images (frames) per second of our loader alone on ``source`` (decoder threads as configured, batch 64)."""
+    from yolo_fastdetect.sources import file_loader
 
     begin = time.perf_counter()
-    if kind == "video":
-        reader, frames = VideoReader([str(p) for p in paths], 1, False, capacity=64), 0
-        while (item := reader.get()) != "end":
-            frames += hasattr(item, "image")
-            if getattr(item, "last", False):
-                break
-        reader.close()
-        return frames / (time.perf_counter() - begin)
-    if kind == "list":
-        work, items = (lambda item: pil_decode(item, 3)), list(enumerate(map(str, paths)))
-    else:
-        work, items = (lambda path: imread_decode(path, cv2.IMREAD_COLOR)), list(map(str, paths))
-    with OrderedPrefetch(work, items, threads, window=2 * threads) as decoded:
-        count = sum(1 for _ in decoded)
+    count = sum(len(images) for _, images, _ in file_loader(source, batch=64))
     return count / (time.perf_counter() - begin)
 
 
@@ -176,7 +161,7 @@ def run(args) -> list[dict]:
                 switch()
                 row[side], row[f"{side}_records"] = timed_rate(model, source, batch, options, args.repeats)
             row["detections"] = same_detections(row.pop("ours_records"), row.pop("stock_records"))
-            row["decode_only"] = decode_rate(kind.split()[0], paths, threads)
+            row["decode_only"] = decode_rate(source)
             row["in_memory"] = in_memory_rate(model, decoded(kind.split()[0], paths), batch, options, args.repeats)
             row["ceiling"] = min(row["decode_only"], row["in_memory"])
             rows.append(row)
