@@ -3,11 +3,16 @@ Ultralytics running stock with one warning that names the compiler log."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import subprocess_env
+from yolo_fastdetect import _ext
 
 # Decodes random logits with the operator and checks them against the pure-PyTorch reference; prints the library.
 DECODE_CHECK = """
@@ -72,3 +77,133 @@ def test_failed_build_warns_once_and_runs_stock(tmp_path):
     log = Path(lines["message"].rsplit("Compiler output: ", 1)[1].strip())
     assert log.is_file() and "no-such-flag-yfd" in log.read_text()
     assert lines["boxes"] == "6"  # stock NMS output rows [x1, y1, x2, y2, conf, cls]
+
+
+# ---- A damaged, read-only or unusable cache: the library loads, is rebuilt, or Ultralytics runs stock ----------
+
+READONLY_MOUNT = "mount --bind {d} {d} && mount -o remount,bind,ro {d} {d} && exec \"$@\""
+
+
+@pytest.fixture(scope="module")
+def built_cache(tmp_path_factory) -> Path:
+    """A cache root holding a completed build of this machine's library (copied from this process's own cache, which
+    CI filled with `yolo-fastdetect build`; built here if it is not there yet)."""
+    library = _ext.build()
+    root = tmp_path_factory.mktemp("built_cache")
+    shutil.copytree(library.parent, root / library.parent.name)
+    return root
+
+
+def cache_copy(built_cache: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A fresh copy of the built cache: its root and its library."""
+    root = tmp_path / "cache"
+    shutil.copytree(built_cache, root)
+    return root, root / _ext.library_path().parent.name / _ext.library_path().name
+
+
+def run_in(cache: Path, code: str, readonly: bool = False, args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """``code`` (or ``-m yolo_fastdetect ARGS``) in a child Python on ``cache``; with ``readonly``, under a
+    read-only bind mount of it in a mount namespace of its own."""
+    command = [sys.executable, *(("-m", "yolo_fastdetect", *args) if args else ("-c", code))]
+    if readonly:
+        command = ["unshare", "-m", "sh", "-c", READONLY_MOUNT.format(d=cache), "sh", *command]
+    env = subprocess_env(YOLO_FASTDETECT_CACHE=str(cache))
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+
+
+def readonly_mounts_work(folder: Path) -> bool:
+    """Whether this machine lets a child mount ``folder`` read-only in a namespace of its own (root, or CI)."""
+    if shutil.which("unshare") is None:
+        return False
+    result = subprocess.run(["unshare", "-m", "sh", "-c", READONLY_MOUNT.format(d=folder), "sh", "touch",
+                             str(folder / "probe")], capture_output=True)
+    return result.returncode != 0 and b"Read-only" in result.stderr
+
+
+def listing(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))}
+
+
+def test_completed_library_loads_without_writing(built_cache, tmp_path):
+    """A good library loads as it is: nothing in the cache is written (no lock, no log), nothing is compiled, and
+    torch's "No CUDA runtime is found" line (cpp_extension's import) is not printed."""
+    root, _ = cache_copy(built_cache, tmp_path)
+    before = listing(root)
+    result = run_in(root, DECODE_CHECK)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "building operators" not in result.stderr and "No CUDA runtime" not in result.stderr
+    assert listing(root) == before
+    if readonly_mounts_work(tmp_path):
+        result = run_in(root, DECODE_CHECK, readonly=True)  # the Docker case: built once, run read-only
+        assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_damaged_library_is_rebuilt_never_loaded(built_cache, tmp_path, damage):
+    root, library = cache_copy(built_cache, tmp_path)
+    data = library.read_bytes()
+    library.write_bytes(data[: len(data) // 2] if damage == "truncated" else os.urandom(len(data)))
+    result = run_in(root, "", args=("build",)) if damage == "garbage" else run_in(root, DECODE_CHECK)
+    assert result.returncode == 0, result.stderr[-3000:]  # a bus error (rc -7) if the damaged file were loaded
+    assert "building operators" in result.stderr
+    assert _ext.is_complete(library)
+    assert "building operators" not in run_in(root, DECODE_CHECK).stderr
+
+
+def test_damaged_library_in_a_readonly_cache_runs_stock(built_cache, tmp_path):
+    probe_dir = tmp_path / "probe"
+    probe_dir.mkdir()
+    if not readonly_mounts_work(probe_dir):
+        pytest.skip("no read-only bind mount here (needs unshare -m and mount)")
+    root, library = cache_copy(built_cache, tmp_path)
+    library.write_bytes(library.read_bytes()[:4096])
+    result = run_in(root, FAILED_BUILD_PREDICT, readonly=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = dict(line.split(": ", 1) for line in result.stdout.splitlines() if ": " in line)
+    assert lines["warnings"] == "1" and "running stock Ultralytics" in lines["message"]
+    assert "Read-only" in lines["message"] and lines["boxes"] == "6"
+
+
+def test_unloadable_library_is_reported(built_cache, tmp_path):
+    """A library whose build completed but which does not load: `info` says so, and predict warns once and runs
+    stock."""
+    root, library = cache_copy(built_cache, tmp_path)
+    library.write_bytes(b"\x7fELF not really a library" * 100)
+    (library.parent / _ext.MARKER_NAME).write_text(_ext._fingerprint(library))
+    info = run_in(root, "", args=("info",))
+    assert info.returncode == 0, info.stderr[-3000:]
+    assert "NOT loadable" in info.stdout and "operators unavailable" in info.stdout
+    result = run_in(root, FAILED_BUILD_PREDICT)
+    lines = dict(line.split(": ", 1) for line in result.stdout.splitlines() if ": " in line)
+    assert result.returncode == 0 and lines["warnings"] == "1" and lines["boxes"] == "6", result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("where", ["uncreatable", "a regular file"])
+def test_unusable_cache_path_runs_stock(tmp_path, where):
+    cache = Path("/proc/yolo_fastdetect_cache") if where == "uncreatable" else tmp_path / "file"
+    if where == "a regular file":
+        cache.write_text("not a folder")
+    result = run_in(cache, FAILED_BUILD_PREDICT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = dict(line.split(": ", 1) for line in result.stdout.splitlines() if ": " in line)
+    assert lines["warnings"] == "1" and "running stock Ultralytics" in lines["message"] and lines["boxes"] == "6"
+    log = Path(lines["message"].rsplit("Compiler output: ", 1)[1].strip())
+    assert log.is_file() and not log.is_relative_to(cache)  # written to the temporary folder instead
+
+
+def test_build_key_and_cuda_choice(monkeypatch, tmp_path):
+    """One cache folder per source location (a checkout and an installed copy do not rebuild each other), and
+    CUDA kernels only where a GPU is present or TORCH_CUDA_ARCH_LIST asks for them."""
+    here = _ext.build_dir(False)
+    shutil.copytree(_ext.source_dir(), tmp_path / "csrc")
+    monkeypatch.setattr(_ext, "source_dir", lambda: tmp_path / "csrc")
+    assert _ext.build_dir(False) != here and _ext.build_dir(False).parent == here.parent
+    monkeypatch.setattr(_ext, "_cuda_home", lambda: "/usr/local/cuda")
+    monkeypatch.setattr(_ext.torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("YOLO_FASTDETECT_CPU_ONLY", raising=False)
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    assert not _ext._builds_cuda()
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    assert _ext._builds_cuda()
+    monkeypatch.setenv("YOLO_FASTDETECT_CPU_ONLY", "1")
+    assert not _ext._builds_cuda()

@@ -90,3 +90,23 @@ def test_usage_and_unknown_benchmark(capsys):
     assert "yolo-fastdetect MODE [key=value ...]" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="usage: yolo-fastdetect bench NAME"):
         cli.main(["bench", "no_such_benchmark"])
+
+
+def test_help_and_version_everywhere(capsys):
+    """`--help` prints usage and exits 0 on every command (and builds nothing); `--version` names the versions."""
+    from importlib.metadata import version
+
+    for argv in (["--help"], ["-h"], ["build", "--help"], ["info", "-h"], ["bench", "--help"]):
+        cli.main(argv)  # returns: exit status 0
+        out = capsys.readouterr().out
+        assert "usage" in out or "yolo-fastdetect" in out, argv
+        assert "operators:" not in out and "building" not in out, argv
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["bench", "sources", "--help"])
+    assert exit_info.value.code == 0 and "--batches" in capsys.readouterr().out
+    cli.main(["--version"])
+    assert capsys.readouterr().out.strip() == (
+        f"yolo_fastdetect {yolo_fastdetect.__version__} (ultralytics {version('ultralytics')}, torch {version('torch')})"
+    )
+    with pytest.raises(SystemExit, match="takes no arguments"):
+        cli.main(["build", "now"])

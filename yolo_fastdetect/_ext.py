@@ -2,9 +2,12 @@
 
 The extension is compiled on first use with ``torch.utils.cpp_extension`` and ninja against the torch installed
 at run time, so it can never mismatch torch's ABI. Builds are cached under a directory keyed on the torch
-version, the CUDA version, the target GPU architectures and the source hash; a second process finds the cached
-library and loads it without building. Concurrent builds are serialised by a file lock in the cache directory.
-If the build or the load fails, the package warns once (naming the log file) and Ultralytics runs stock.
+version, the CUDA version, the target GPU architectures, the sources (their content and where they are) and the
+CPU. A library is loaded only when the completion marker written after its link matches it (size and a hash of
+its ends), so a partial or replaced file is rebuilt instead of crashing the process; a good library in a read-only
+cache simply loads, without locking or writing anything. Concurrent builds are serialised by cpp_extension's file
+lock in the cache directory. If the build or the load fails, the package warns once (naming the log file) and
+Ultralytics runs stock.
 """
 
 from __future__ import annotations
@@ -12,14 +15,17 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 
 EXTENSION_NAME = "yolo_fastdetect_ops"
+MARKER_NAME = "complete"  # written after a successful link: the library's fingerprint
+_FINGERPRINT_BYTES = 1 << 18  # hashed at each end of the library: ~1 ms, where hashing all of it (~11 MB) took 21
 
-_state: dict = {"loaded": None, "error": None}
+_state: dict = {"loaded": None, "error": None, "log": None}
 _load_hooks: list = []
 
 
@@ -64,10 +70,8 @@ def _cuda_home() -> str | None:
 
 
 def cuda_arch_list() -> str:
-    """GPU architectures to build for: the GPUs present plus ``TORCH_CUDA_ARCH_LIST``.
-
-    With no GPU visible and no list given (CI, a build machine) sm_90 is compiled so that the sources are checked.
-    """
+    """GPU architectures to build for: the GPUs present plus ``TORCH_CUDA_ARCH_LIST`` (sm_90 when neither names
+    one, for an explicit CUDA build on a machine without a GPU)."""
     archs = {a for a in os.environ.get("TORCH_CUDA_ARCH_LIST", "").replace(",", ";").replace(" ", ";").split(";") if a}
     if torch.cuda.is_available():
         for index in range(torch.cuda.device_count()):
@@ -106,7 +110,9 @@ def cache_root() -> Path:
 def build_dir(with_cuda: bool) -> Path:
     """Cache directory for this torch / CUDA / architecture / source combination."""
     root = cache_root()
-    digest = hashlib.sha256()
+    # The sources' folder is part of the key: ninja's build file names them by absolute path, so a checkout and an
+    # installed copy sharing one folder rebuilt everything each time the other one ran.
+    digest = hashlib.sha256(str(source_dir()).encode())
     for path in _sources(with_cuda) + sorted(source_dir().glob("*/*.h")):
         digest.update(path.name.encode() + path.read_bytes())
     cuda_tag = f"cu{torch.version.cuda}-sm{cuda_arch_list().replace(';', '_')}" if with_cuda else "cpu"
@@ -116,8 +122,11 @@ def build_dir(with_cuda: bool) -> Path:
 
 
 def _builds_cuda() -> bool:
-    """Whether this machine's build compiles the CUDA sources (a toolkit exists and no CPU-only build was asked)."""
-    return _cuda_home() is not None and os.environ.get("YOLO_FASTDETECT_CPU_ONLY", "0") != "1"
+    """Whether this machine's build compiles the CUDA sources: a toolkit exists, a GPU is present or
+    ``TORCH_CUDA_ARCH_LIST`` asks for CUDA kernels (a Docker image, CI), and no CPU-only build was asked
+    (``YOLO_FASTDETECT_CPU_ONLY=1``). Without a GPU the CPU-only build takes about half the time."""
+    wanted = torch.cuda.is_available() or bool(os.environ.get("TORCH_CUDA_ARCH_LIST"))
+    return wanted and _cuda_home() is not None and os.environ.get("YOLO_FASTDETECT_CPU_ONLY", "0") != "1"
 
 
 def library_path() -> Path:
@@ -125,22 +134,40 @@ def library_path() -> Path:
     return build_dir(_builds_cuda()) / f"{EXTENSION_NAME}.so"
 
 
-def build(verbose: bool = False) -> Path:
-    """Compile (if needed) and load the operators; return the shared library's path. Raises on failure."""
-    from torch.utils import cpp_extension
+def _fingerprint(library: Path) -> str:
+    """The library's size and a hash of its first and last bytes: what the completion marker records."""
+    with open(library, "rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        ends = file.read(_FINGERPRINT_BYTES)
+        file.seek(max(size - _FINGERPRINT_BYTES, 0))
+        ends += file.read()
+    return f"{size} {hashlib.sha256(ends).hexdigest()}"
 
-    with_cuda = _builds_cuda()
+
+def is_complete(library: Path) -> bool:
+    """Whether ``library`` is the file its build completed: its marker matches it (never loads anything)."""
+    try:
+        return (library.parent / MARKER_NAME).read_text() == _fingerprint(library)
+    except OSError:
+        return False
+
+
+def _compile(library: Path, with_cuda: bool, verbose: bool) -> None:
+    """Compile and load the operators into ``library``, then write its completion marker (atomically)."""
+    from torch.utils import cpp_extension  # only to compile: importing it without a GPU prints a CUDA warning
+
     if with_cuda:
         cuda_home = _cuda_home()
         cpp_extension.CUDA_HOME = cuda_home
         os.environ["CUDA_HOME"] = cuda_home
         os.environ["TORCH_CUDA_ARCH_LIST"] = cuda_arch_list()
-    directory = build_dir(with_cuda)
+    directory = library.parent
     directory.mkdir(parents=True, exist_ok=True)
-    library = directory / f"{EXTENSION_NAME}.so"
-    if not library.is_file():
-        print(f"yolo_fastdetect: building operators ({'CPU+CUDA' if with_cuda else 'CPU'}) in {directory} ...",
-              file=sys.stderr, flush=True)
+    marker = directory / MARKER_NAME
+    for stale in (marker, library):  # not a completed build: relinked (ninja would think it up to date), never loaded
+        stale.unlink(missing_ok=True)
+    print(f"yolo_fastdetect: building operators ({'CPU+CUDA' if with_cuda else 'CPU'}) in {directory} ...",
+          file=sys.stderr, flush=True)
     cflags = cpu_flags()
     cpp_extension.load(
         name=EXTENSION_NAME,
@@ -153,10 +180,42 @@ def build(verbose: bool = False) -> Path:
         is_python_module=False,
         verbose=verbose,
     )
+    written = marker.with_name(f"{MARKER_NAME}.{os.getpid()}")
+    written.write_text(_fingerprint(library))
+    os.replace(written, marker)
+
+
+def build(verbose: bool = False) -> Path:
+    """Load the operators, compiling them first unless a completed build is cached; return the shared library's
+    path. Raises on failure."""
+    library = library_path()
+    if is_complete(library):
+        torch.ops.load_library(str(library))
+    else:
+        _compile(library, _builds_cuda(), verbose)
     _state.update(loaded=True, error=None)
     for hook in _load_hooks:
         hook()
     return library
+
+
+def _write_error_log(error: BaseException) -> Path | None:
+    """The failure's text in ``build_error.log`` in the cache, else in the temporary folder (the cache may be the
+    very thing that cannot be written); None when neither can be written."""
+    for folder in (cache_root(), Path(tempfile.gettempdir()) / "yolo_fastdetect"):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            log = folder / "build_error.log"
+            log.write_text(f"{type(error).__name__}: {error}\n")
+            return log
+        except OSError:
+            continue
+    return None
+
+
+def _first_line(error: BaseException, limit: int = 200) -> str:
+    text = f"{type(error).__name__}: {error}".strip().splitlines()[0]
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def available() -> bool:
@@ -165,13 +224,11 @@ def available() -> bool:
         try:
             build()
         except Exception as error:  # noqa: BLE001 - any build/load failure must leave Ultralytics running stock
-            cache_root().mkdir(parents=True, exist_ok=True)
-            log = cache_root() / "build_error.log"
-            log.write_text(f"{type(error).__name__}: {error}\n")
-            _state.update(loaded=False, error=error)
+            log = _write_error_log(error)
+            _state.update(loaded=False, error=error, log=log)
             warnings.warn(
-                f"yolo_fastdetect: could not build or load the operators ({type(error).__name__}); "
-                f"running stock Ultralytics. Compiler output: {log}",
+                f"yolo_fastdetect: could not build or load the operators ({_first_line(error)}); "
+                f"running stock Ultralytics. Compiler output: {log or 'not written (no writable folder)'}",
                 RuntimeWarning,
                 stacklevel=2,
             )

@@ -27,23 +27,40 @@ usage: yolo-fastdetect MODE [key=value ...]    the `yolo` command with yolo_fast
          (`export` runs stock; `yolo-fastdetect help` shows Ultralytics' help)
        yolo-fastdetect build                   compile the operators now
        yolo-fastdetect info                    versions, GPU, operators built, patch state, `yolo` hook
-       yolo-fastdetect bench NAME [options]    run a benchmark of yolo_fastdetect.bench"""
+       yolo-fastdetect bench NAME [options]    run a benchmark of yolo_fastdetect.bench (`bench --help` lists them)
+       yolo-fastdetect --version               this package's, Ultralytics' and torch's versions"""
+
+HELP_FLAGS = ("-h", "--help")
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``yolo-fastdetect`` and ``python -m yolo_fastdetect``."""
     argv = sys.argv[1:] if argv is None else list(argv)
     command = argv[0] if argv else "--help"
-    if command in ("-h", "--help"):
+    if command in HELP_FLAGS:
         print(USAGE)
-    elif command == "build":
-        _build()
-    elif command == "info":
-        _info()
+    elif command in ("-V", "--version"):
+        print(version_line())
+    elif command in ("build", "info"):
+        if argv[1:2] and argv[1] in HELP_FLAGS:
+            print(next(line.strip() for line in USAGE.splitlines() if f"yolo-fastdetect {command}" in line))
+        elif argv[1:]:
+            raise SystemExit(f"usage: yolo-fastdetect {command}   (it takes no arguments, got {' '.join(argv[1:])})")
+        else:
+            (_build if command == "build" else _info)()
     elif command == "bench":
         _bench(argv[1:])
     else:
         run_yolo(argv)
+
+
+def version_line() -> str:
+    """``yolo_fastdetect X.Y.Z (ultralytics A.B.C, torch T)``."""
+    from importlib.metadata import version
+
+    from . import __version__
+
+    return f"yolo_fastdetect {__version__} (ultralytics {version('ultralytics')}, torch {version('torch')})"
 
 
 def run_yolo(argv: list[str]) -> None:
@@ -72,13 +89,22 @@ def patch_yolo_command() -> None:
 
 
 def patch_state() -> str:
-    """Whether Ultralytics is patched, as logs and ``info`` print it: ``on (...)`` or ``off (why)``."""
+    """What runs, as logs and ``info`` print it: ``on (...)``, with the operators' state unless they load (an unbuilt
+    library is said to be so: nothing is compiled here), or ``off (why)``."""
     import yolo_fastdetect
+
+    from . import _ext
 
     if yolo_fastdetect.is_enabled():
         from yolo_fastdetect import patches
 
-        return f"on ({', '.join(patch.__name__.rsplit('.', 1)[-1] for patch in patches.PATCHES)})"
+        state = f"on ({', '.join(patch.__name__.rsplit('.', 1)[-1] for patch in patches.PATCHES)})"
+        if not _ext.is_complete(_ext.library_path()):
+            return f"{state}; operators not built yet (built on first use)"
+        if not _ext.available():
+            return (f"{state}; operators unavailable, so the Detect decode, NMS and letterbox run stock "
+                    f"(log: {_ext._state['log']})")
+        return state
     if os.environ.get("YOLO_FASTDETECT") == "0":
         return "off (YOLO_FASTDETECT=0)"
     return "off (unsupported Ultralytics version)"
@@ -124,13 +150,14 @@ def _info() -> None:
     print(f"GPU: {', '.join(gpus) or 'none'}")
 
     library = _ext.library_path()
-    if library.is_file():
-        loaded = _ext.available()  # loads the cached library; no compilation since it exists
+    if _ext.is_complete(library):
+        loaded = _ext.available()  # loads the cached library; no compilation since its build completed
         kernels = "CPU+CUDA" if loaded and _ext.has_cuda_kernels() else "CPU"
         archs = f" for sm {_ext.cuda_arch_list()}" if kernels == "CPU+CUDA" else ""
         print(f"operators: built ({kernels}{archs}), {'loaded' if loaded else 'NOT loadable'}: {library}")
     else:
-        print(f"operators: not built yet (built on first use, or now with `yolo-fastdetect build`): {library}")
+        state = "incomplete or damaged, rebuilt" if library.exists() else "not built yet, built"
+        print(f"operators: {state} on first use (or now with `yolo-fastdetect build`): {library}")
 
     print(f"patch: {patch_state()}")
     hook = installed_hook()
@@ -143,6 +170,11 @@ def _bench(argv: list[str]) -> None:
     from . import bench
 
     names = sorted(module.name for module in pkgutil.iter_modules(bench.__path__) if not module.name.startswith("_"))
+    usage = (f"usage: yolo-fastdetect bench NAME [options]   NAME: {', '.join(names) or '(none yet)'}; "
+             "`bench NAME --help` lists its options")
+    if argv[:1] and argv[0] in HELP_FLAGS:
+        print(usage)
+        return
     if not argv or argv[0] not in names:
-        raise SystemExit(f"usage: yolo-fastdetect bench NAME [options]   NAME: {', '.join(names) or '(none yet)'}")
+        raise SystemExit(usage)
     importlib.import_module(f"yolo_fastdetect.bench.{argv[0]}").main(argv[1:])
