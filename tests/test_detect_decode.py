@@ -151,3 +151,17 @@ def test_bad_input_raises_naming_argument(device, case):
 def test_inputs_on_different_devices():
     with pytest.raises(RuntimeError, match="scores"):
         _call("cuda", scores_device="cpu")
+
+
+@pytest.mark.parametrize("device", devices())
+def test_inputs_that_require_grad_are_refused(device, generator):
+    """The operator has no backward: with gradients wanted it raises (its output used to claim requires_grad and
+    leave the inputs' .grad None), under no_grad it decodes."""
+    boxes = torch.randn(2, 64, 21, generator=generator).to(device).requires_grad_()
+    scores = torch.randn(2, 3, 21, generator=generator).to(device)
+    with pytest.raises(RuntimeError, match="no backward"):
+        detect_decode(boxes, scores, [(3, 7)], [8])
+    with torch.no_grad():
+        out = detect_decode(boxes, scores, [(3, 7)], [8])
+    reference = detect_decode_reference(boxes.detach().double(), scores.double(), [(3, 7)], [8])
+    torch.testing.assert_close(out.double(), reference, atol=1e-3, rtol=1e-4)

@@ -235,6 +235,15 @@ def test_bad_inputs():
         letterbox([], 640)
     with pytest.raises(ValueError, match="one size"):
         letterbox([np.zeros((10, 20, 3), np.uint8), np.zeros((20, 10, 3), np.uint8)], 640, auto=True)
+    image = np.zeros((10, 20, 3), np.uint8)
+    for new_shape in (-64, 0, 10**6, 1e6, 640.0, (640,), (640, 0), (640, 480, 3), True, "640"):
+        with pytest.raises(ValueError, match="new_shape"):
+            letterbox(image, new_shape)
+    for stride in (0, -32, 2.5, None):
+        with pytest.raises(ValueError, match="stride"):
+            letterbox(image, 640, auto=True, stride=stride)
+    with pytest.raises(TypeError, match="dtype"):
+        letterbox(image, 640, dtype=torch.int32)
 
 
 def valid_op_arguments() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -230,6 +230,20 @@ def test_strided_and_degenerate_shapes(generator, device):
     assert [tuple(d.shape) for d in no_anchors] == [(0, 8)] * 2
 
 
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("multi_label", [False, True])
+def test_huge_max_det_and_no_max_nms_match_stock(generator, device, multi_label):
+    """max_det=10**9 returns what there is, as stock (the output was allocated for max_det rows per image: the
+    process was killed for memory); max_nms=0 keeps nothing, as stock's [:0]."""
+    prediction = make_prediction(generator, 4, num_extra=2).to(device)
+    for options in ({"max_det": 10**9}, {"max_det": 10**9, "max_nms": 50}, {"max_nms": 0}):
+        options = {**options, "multi_label": multi_label, "conf_thres": 0.05}
+        ours, stock = non_max_suppression(prediction, nc=4, **options), stock_non_max_suppression(prediction, nc=4,
+                                                                                                   **options)
+        assert_same_detections(ours, stock)
+    assert all(len(d) == 0 for d in non_max_suppression(prediction, nc=4, max_nms=0))
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [

@@ -46,7 +46,21 @@ def detect_decode(
 
     Returns:
         (torch.Tensor): ``(B, 4 + nc, A)`` in the dtype of ``boxes``: the box rows, then sigmoid class scores.
+
+    Raises:
+        RuntimeError: Gradients are wanted (inputs that require grad, grad mode on): the operator has no backward,
+            and ``detect_decode_reference`` computes the same with autograd.
+
+    Examples:
+        >>> boxes, scores = torch.randn(1, 64, 8400), torch.randn(1, 80, 8400)
+        >>> detect_decode(boxes, scores, [(80, 80), (40, 40), (20, 20)], [8, 16, 32]).shape
+        torch.Size([1, 84, 8400])
     """
+    if torch.is_grad_enabled() and (boxes.requires_grad or scores.requires_grad):
+        raise RuntimeError(
+            "detect_decode has no backward (boxes or scores require grad): call it under torch.no_grad(), or use "
+            "detect_decode_reference, which autograd differentiates"
+        )
     require()
     return torch.ops.yolo_fastdetect.detect_decode(
         boxes, scores, _flatten_level_shapes(level_shapes), [float(s) for s in level_strides], int(reg_max), bool(xywh)

@@ -56,6 +56,20 @@ class LetterboxGeometry:
         return (gain_y, gain_x), (self.pad_left, self.pad_top)
 
 
+MAX_SIDE = 1 << 15  # a canvas side in pixels; new_shape=1e6 asked torch for a 12 TB input
+
+
+def _checked_new_shape(new_shape) -> tuple[int, int]:
+    """``new_shape`` as ``(height, width)``; ValueError naming it unless each side is an int in [1, MAX_SIDE]."""
+    sides = (new_shape, new_shape) if not isinstance(new_shape, (tuple, list)) else tuple(new_shape)
+    if len(sides) != 2 or not all(
+        isinstance(side, (int, np.integer)) and not isinstance(side, bool) and 1 <= side <= MAX_SIDE for side in sides
+    ):
+        raise ValueError(f"letterbox: new_shape must be an int or (height, width) of ints in [1, {MAX_SIDE}], "
+                         f"got {new_shape!r}")
+    return int(sides[0]), int(sides[1])
+
+
 def letterbox_geometry(
     image_shape: Sequence[int],
     new_shape: int | Sequence[int] = 640,
@@ -65,9 +79,19 @@ def letterbox_geometry(
     stride: int = 32,
 ) -> LetterboxGeometry:
     """LetterBox's geometry for one image of ``image_shape`` ``(height, width, ...)``, step for step as
-    ``ultralytics.data.augment.LetterBox.get_params`` (8.4) computes it, rounding included."""
+    ``ultralytics.data.augment.LetterBox.get_params`` (8.4) computes it, rounding included.
+
+    Raises:
+        ValueError: ``new_shape`` is not an int or two ints in [1, 32768], or ``stride`` is not an int >= 1.
+
+    Examples:
+        >>> letterbox_geometry((1080, 810), 640, auto=True).shape
+        (640, 480)
+    """
     shape = (int(image_shape[0]), int(image_shape[1]))
-    new_shape = (new_shape, new_shape) if isinstance(new_shape, int) else (int(new_shape[0]), int(new_shape[1]))
+    new_shape = _checked_new_shape(new_shape)
+    if isinstance(stride, bool) or not isinstance(stride, (int, np.integer)) or stride < 1:
+        raise ValueError(f"letterbox: stride must be an int >= 1, got {stride!r}")
     ratio = min(new_shape[0] / shape[0], new_shape[1] / shape[1])
     if not scaleup:  # only scale down
         ratio = min(ratio, 1.0)
@@ -305,6 +329,8 @@ def letterbox(
         (torch.Tensor, list[LetterboxGeometry]): ``(B, 3, height, width)`` RGB in ``[0, 1]`` (``out`` when given)
         and, per image, the geometry that :func:`scale_boxes_batch` takes to map boxes back.
     """
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"letterbox: dtype must be torch.float32, float16 or bfloat16, got {dtype}")
     image_list = _as_image_list(images)
     device = _target_device(image_list, device, out)
     require()

@@ -173,10 +173,14 @@ def non_max_suppression(
         raise ValueError(f"max_det must be at least 1, got {max_det}")
     if isinstance(prediction, torch.Tensor) and prediction.dim() != 3:
         raise ValueError(f"prediction must be (batch, 4 + nc + extra, anchors), got shape {tuple(prediction.shape)}")
-    if not _fast_path_applies(prediction, classes):
+    if max_nms < 1 or not _fast_path_applies(prediction, classes):  # stock slices [:max_nms]: 0 keeps none
         return stock_non_max_suppression(*stock_args)
 
     num_classes = nc or prediction.shape[1] - 4
+    # No image keeps more than max_nms candidates or more than it has: the padded output is allocated for what can
+    # exist, not for a max_det of 10**9 (which would exhaust memory, where stock returns what there is).
+    candidates = prediction.shape[2] * (num_classes if multi_label and num_classes > 1 else 1)
+    max_det = max(1, min(max_det, max_nms, candidates))
     detections, counts, anchor_indices = batched_nms(
         prediction,
         num_classes,
