@@ -206,6 +206,17 @@ def open_writer(path: Path, fps: float, frame: np.ndarray) -> cv2.VideoWriter:
 # The demo
 
 
+def counted(minimum: int):
+    """An argparse type: an int of at least ``minimum``."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--source", default="0", help="camera index, video file, rtsp/http URL, image or folder")
@@ -217,9 +228,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--stock", action="store_true", help="start with the patch off (p switches it on)")
     parser.add_argument("--headless", action="store_true", help="no window: for servers and CI")
     parser.add_argument("--output", type=Path, help="write the annotated video here (.mp4)")
-    parser.add_argument("--frames", type=int, help="stop after this many frames")
+    parser.add_argument("--frames", type=counted(1), help="stop after this many frames")
     parser.add_argument("--warmup", type=int, default=3, help="untimed runs on the first frame, in each mode")
-    parser.add_argument("--save-frame", type=int, action="append", default=[], metavar="INDEX",
+    parser.add_argument("--save-frame", type=counted(0), action="append", default=[], metavar="INDEX",
                         help="save annotated frame INDEX (0-based) as a JPEG; repeatable; the s key does it live")
     parser.add_argument("--save-dir", type=Path, default=Path("."), help="folder for saved frames")
     return parser.parse_args(argv)
@@ -245,6 +256,8 @@ def run(args: argparse.Namespace) -> None:
 
     model = load_model(args.model)
     device = args.device or ("0" if torch.cuda.is_available() else "cpu")
+    if device != "cpu" and not device.startswith("mps") and not torch.cuda.is_available():
+        raise DemoError(f"--device {device}: torch sees no CUDA GPU here (use --device cpu)")
     predict_options = dict(imgsz=args.imgsz, conf=args.conf, device=device, verbose=False)
     if args.half and device != "cpu":
         predict_options.update(fp16_option())
@@ -298,6 +311,8 @@ def run(args: argparse.Namespace) -> None:
         if not args.headless:
             cv2.destroyAllWindows()
 
+    for missed in sorted(i for i in set(args.save_frame) if i >= index):
+        print(f"webcam demo: frame {missed} not saved: the run ended after {index} frames", file=sys.stderr)
     for mode, mode_timings in timings.items():
         if mode_timings.frames:
             print(f"webcam demo: {mode_timings.summary(mode)}, device {device}"

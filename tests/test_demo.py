@@ -39,6 +39,26 @@ def test_headless_demo_writes_video_and_summary(tmp_path):
     assert int(output.get(cv2.CAP_PROP_FRAME_COUNT)) == 4
     assert cv2.imread(str(tmp_path / "shots" / "frame_00001.jpg")) is not None
 
+    beyond = run_demo("--source", "clip.mp4", "--model", "yolo12n.yaml", "--device", "cpu", "--imgsz", "160",
+                      "--headless", "--frames", "2", "--warmup", "1", "--save-frame", "5", cwd=tmp_path)
+    assert beyond.returncode == 0, beyond.stderr
+    assert "webcam demo: frame 5 not saved: the run ended after 2 frames" in beyond.stderr
+
+
+@pytest.mark.parametrize("argument", [("--frames", "0"), ("--frames", "-1"), ("--save-frame", "-3")])
+def test_counts_below_their_minimum_are_rejected(tmp_path, argument):
+    result = run_demo("--source", str(ASSETS / "bus.jpg"), "--headless", *argument, cwd=tmp_path)
+    assert result.returncode == 2 and "must be at least" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without a GPU")
+def test_cuda_device_without_a_gpu_exits_2_with_one_message(tmp_path):
+    result = run_demo("--source", str(ASSETS / "bus.jpg"), "--model", "yolo12n.yaml", "--device", "cuda",
+                      "--headless", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "webcam demo: --device cuda: torch sees no CUDA GPU here" in result.stderr
+    assert "Traceback" not in result.stderr
+
 
 @pytest.mark.parametrize(
     ("source", "message"),
