@@ -193,7 +193,12 @@ def non_max_suppression(
         max_nms,
         max_wh,
     )
-    counts = counts.tolist()  # the one copy to the host
+    # Boxes with NaN or infinite coordinates take whatever path torchvision's NMS kernels give them (it differs by
+    # device); such a batch is handed to the stock function. The flag travels with the counts: still one copy.
+    nonfinite = (~torch.isfinite(prediction[:, :4])).any().view(1)
+    *counts, nonfinite = torch.cat((counts, nonfinite.to(counts.dtype))).tolist()  # the one copy to the host
+    if nonfinite:
+        return stock_non_max_suppression(*stock_args)
     output = [rows[:count] for rows, count in zip(detections.unbind(0), counts)]
     if not return_idxs:
         return output
