@@ -31,7 +31,8 @@ def results(*rows: list[float]) -> list[Results]:
 def test_detection_difference():
     stock = results([[10, 10, 50, 50, 0.9, 0], [60, 60, 90, 90, 0.8, 1]], [])
     same = e2e.detection_difference(stock, stock)
-    assert same == {"stock": 2, "ours": 2, "same_counts": True, "max_box_diff_px": 0.0}
+    assert same == {"stock": 2, "ours": 2, "same_counts": True, "max_box_diff_px": 0.0, "max_box_diff_px_untied": 0.0,
+                    "tied": 0}
     reordered = results([[60, 60, 90, 90.5, 0.8, 1], [10, 10, 50, 50, 0.9, 0]], [])
     assert e2e.detection_difference(reordered, stock)["max_box_diff_px"] == 0.5  # matched, not compared in order
     other_class = results([[10, 10, 50, 50, 0.9, 1], [60, 60, 90, 90, 0.8, 1]], [])
@@ -41,6 +42,17 @@ def test_detection_difference():
     missing = results([[10, 10, 50, 50, 0.9, 0]], [[1, 1, 2, 2, 0.9, 0]])
     difference = e2e.detection_difference(missing, stock)
     assert not difference["same_counts"] and difference["max_box_diff_px"] == float("inf")
+
+
+def test_detection_difference_sets_tied_scores_apart():
+    """Where scores tie, which tied boxes NMS keeps is arbitrary: the untied boxes still have to agree."""
+    stock = results([[10, 10, 50, 50, 0.9, 0], [0, 0, 20, 20, 0.5, 0], [60, 60, 90, 90, 0.5, 0]])
+    ours = results([[10.5, 10, 50, 50, 0.9, 0], [0, 0, 20, 20, 0.5, 0], [0, 100, 20, 120, 0.5, 0]])
+    difference = e2e.detection_difference(ours, stock)
+    assert difference["max_box_diff_px"] == 70.0  # the third box is none of stock's
+    assert difference["max_box_diff_px_untied"] == 0.5 and difference["tied"] == 2
+    moved = results([[30, 10, 50, 50, 0.9, 0], [0, 0, 20, 20, 0.5, 0], [60, 60, 90, 90, 0.5, 0]])
+    assert e2e.detection_difference(moved, stock)["max_box_diff_px_untied"] == 20.0  # an untied box that moved
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the message given without a GPU")

@@ -78,23 +78,41 @@ def detection_difference(ours: list, stock: list, conf_atol: float = float("inf"
     """Compare two lists of ``Results``: boxes on each side, whether every image has as many of ours as stock's, and
     the largest distance (max over x1, y1, x2, y2, original pixels) from one of our boxes to the nearest stock box
     of its class whose confidence is within ``conf_atol`` (infinite where there is none). Nearest rather than in
-    order: in fp16 confidences tie, and two NMS implementations may list tied boxes differently."""
-    distance = 0.0
+    order: in fp16 confidences tie, and two NMS implementations may list tied boxes differently.
+
+    ``max_box_diff_px_untied`` is the same distance over the boxes whose score no other box of their image shares,
+    on either side: where many scores tie (seeded weights), which of the tied boxes NMS keeps is arbitrary on both
+    sides, so only the untied boxes say whether the two agree; ``tied`` counts the boxes left out of it."""
+    distance, untied_distance, tied = 0.0, 0.0, 0
     for mine, theirs in zip(ours, stock):
         mine, theirs = mine.boxes.data.float().cpu(), theirs.boxes.data.float().cpu()
         if not len(mine) or not len(theirs):
-            distance = distance if len(mine) == len(theirs) else float("inf")
+            distance = untied_distance = distance if len(mine) == len(theirs) else float("inf")
             continue
         gaps = (mine[:, None, :4] - theirs[None, :, :4]).abs().amax(2)
         same_class = mine[:, None, 5] == theirs[None, :, 5]
         partners = same_class & ((mine[:, None, 4] - theirs[None, :, 4]).abs() <= conf_atol)
-        distance = max(distance, gaps.masked_fill(~partners, float("inf")).amin(1).max().item())
+        nearest = gaps.masked_fill(~partners, float("inf")).amin(1)
+        distance = max(distance, nearest.max().item())
+        mine_untied, theirs_untied = (_untied(side[:, 4]) for side in (mine, theirs))
+        tied += int((~mine_untied).sum())
+        if mine_untied.any():
+            untied_partners = partners & theirs_untied[None, :]
+            untied_nearest = gaps.masked_fill(~untied_partners, float("inf")).amin(1)[mine_untied]
+            untied_distance = max(untied_distance, untied_nearest.max().item())
     return {
         "stock": sum(len(r.boxes) for r in stock),
         "ours": sum(len(r.boxes) for r in ours),
         "same_counts": len(ours) == len(stock) and all(len(a.boxes) == len(b.boxes) for a, b in zip(ours, stock)),
         "max_box_diff_px": distance,
+        "max_box_diff_px_untied": untied_distance,
+        "tied": tied,
     }
+
+
+def _untied(scores: torch.Tensor) -> torch.Tensor:
+    """Which of an image's scores no other of its boxes shares."""
+    return (scores[:, None] == scores[None, :]).sum(1) == 1
 
 
 def bench_model(name: str, images: list[np.ndarray], batches: list[int], device: str, warmup: int,
@@ -120,7 +138,8 @@ def bench_model(name: str, images: list[np.ndarray], batches: list[int], device:
 def markdown_table(rows: list[dict]) -> str:
     header = (
         "| model | batch | stock ms/img | ours ms/img | speed-up | stock img/s | ours img/s | "
-        "stock pre / inf / post | ours pre / inf / post | boxes stock / ours | max box diff (px) |\n"
+        "stock pre / inf / post | ours pre / inf / post | boxes stock / ours | max box diff (px), untied scores "
+        "(tied boxes) |\n"
         "|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|"
     )
     lines = [header]
@@ -133,7 +152,8 @@ def markdown_table(rows: list[dict]) -> str:
         lines.append(
             f"| {row['model']} | {row['batch']} | {stock['ms_per_image']:.3f} | {ours['ms_per_image']:.3f} | "
             f"{row['speedup']:.2f}x | {stock['images_per_s']:.0f} | {ours['images_per_s']:.0f} | {stages(stock)} | "
-            f"{stages(ours)} | {detections['stock']} / {detections['ours']} | {detections['max_box_diff_px']:.2g} |"
+            f"{stages(ours)} | {detections['stock']} / {detections['ours']} | "
+            f"{detections['max_box_diff_px_untied']:.2g} ({detections['tied']}) |"
         )
     return "\n".join(lines)
 
