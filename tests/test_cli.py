@@ -105,8 +105,7 @@ def test_help_and_version_everywhere(capsys):
         cli.main(["bench", "sources", "--help"])
     assert exit_info.value.code == 0 and "--batches" in capsys.readouterr().out
     cli.main(["--version"])
-    assert capsys.readouterr().out.strip() == (
-        f"yolo_fastdetect {yolo_fastdetect.__version__} (ultralytics {version('ultralytics')}, torch {version('torch')})"
-    )
+    versions = f"ultralytics {version('ultralytics')}, torch {version('torch')}"
+    assert capsys.readouterr().out.strip() == f"yolo_fastdetect {yolo_fastdetect.__version__} ({versions})"
     with pytest.raises(SystemExit, match="takes no arguments"):
         cli.main(["build", "now"])

@@ -204,7 +204,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--frames", type=int, default=300)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--video-batches", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--sources", nargs="+", default=["list", "folder", "video"], choices=["list", "folder", "video"])
+    kinds = ["list", "folder", "video"]
+    parser.add_argument("--sources", nargs="+", default=kinds, choices=kinds, help="which cases to run")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--memory-paths", type=int, default=2000, help="0 skips the memory measurement")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])

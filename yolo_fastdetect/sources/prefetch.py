@@ -15,6 +15,7 @@ from typing import Generic, TypeVar
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
+_END = object()  # no more items
 
 
 def _shut_down(executor: ThreadPoolExecutor, pending: deque[Future]) -> None:
@@ -79,5 +80,3 @@ class OrderedPrefetch(Generic[Item, Result]):
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-
-_END = object()

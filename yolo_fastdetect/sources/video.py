@@ -127,7 +127,8 @@ class VideoReader:
                 break
             except queue.Empty:
                 if not self._thread.is_alive() and self._frames.empty():
-                    raise RuntimeError("yolo_fastdetect: the video reader stopped before the end of the videos")
+                    stopped = "yolo_fastdetect: the video reader stopped before the end of the videos"
+                    raise RuntimeError(stopped) from None
         if isinstance(item, BaseException):
             self.close()
             raise item
