@@ -107,5 +107,27 @@ def test_help_and_version_everywhere(capsys):
     cli.main(["--version"])
     versions = f"ultralytics {version('ultralytics')}, torch {version('torch')}"
     assert capsys.readouterr().out.strip() == f"yolo_fastdetect {yolo_fastdetect.__version__} ({versions})"
-    with pytest.raises(SystemExit, match="takes no arguments"):
+    with pytest.raises(SystemExit, match=r"usage: yolo-fastdetect build \[--cuda\]"):
         cli.main(["build", "now"])
+    with pytest.raises(SystemExit, match="usage: yolo-fastdetect info"):
+        cli.main(["info", "--cuda"])
+
+
+def test_build_cuda_asks_for_cuda_kernels(monkeypatch, capsys):
+    """`build --cuda` compiles CUDA kernels where no GPU is present (sm_90 unless TORCH_CUDA_ARCH_LIST names
+    others), and says so when there is no toolkit."""
+    from yolo_fastdetect import _ext
+
+    wanted = []
+    monkeypatch.setattr(_ext, "build", lambda: wanted.append(_ext._builds_cuda()) or Path("built.so"))
+    monkeypatch.setattr(_ext.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(_ext, "_cuda_home", lambda: "/usr/local/cuda")
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    monkeypatch.delenv("YOLO_FASTDETECT_CPU_ONLY", raising=False)
+    cli.main(["build"])
+    cli.main(["build", "--cuda"])
+    assert wanted == [False, True] and os.environ["TORCH_CUDA_ARCH_LIST"] == "9.0"
+    assert "built.so" in capsys.readouterr().out
+    monkeypatch.setattr(_ext, "_cuda_home", lambda: None)
+    with pytest.raises(SystemExit, match="no CUDA toolkit"):
+        cli.main(["build", "--cuda"])

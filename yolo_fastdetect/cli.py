@@ -25,7 +25,8 @@ usage: yolo-fastdetect MODE [key=value ...]    the `yolo` command with yolo_fast
          yolo-fastdetect predict model=yolo12n.pt source=0 half=True
          yolo-fastdetect val model=yolo12n.pt data=coco8.yaml
          (`export` runs stock; `yolo-fastdetect help` shows Ultralytics' help)
-       yolo-fastdetect build                   compile the operators now
+       yolo-fastdetect build [--cuda]          compile the operators now (--cuda: CUDA kernels without a GPU here,
+                                               for TORCH_CUDA_ARCH_LIST or sm_90: a Docker image, say)
        yolo-fastdetect info                    versions, GPU, operators built, patch state, `yolo` hook
        yolo-fastdetect bench NAME [options]    run a benchmark of yolo_fastdetect.bench (`bench --help` lists them)
        yolo-fastdetect --version               this package's, Ultralytics' and torch's versions"""
@@ -42,12 +43,17 @@ def main(argv: list[str] | None = None) -> None:
     elif command in ("-V", "--version"):
         print(version_line())
     elif command in ("build", "info"):
+        options = {"build": ["--cuda"], "info": []}[command]
         if argv[1:2] and argv[1] in HELP_FLAGS:
-            print(next(line.strip() for line in USAGE.splitlines() if f"yolo-fastdetect {command}" in line))
-        elif argv[1:]:
-            raise SystemExit(f"usage: yolo-fastdetect {command}   (it takes no arguments, got {' '.join(argv[1:])})")
+            start = next(i for i, line in enumerate(USAGE.splitlines()) if f"yolo-fastdetect {command}" in line)
+            print("\n".join(line.strip() for line in USAGE.splitlines()[start : start + 1 + len(options)]))
+        elif any(arg not in options for arg in argv[1:]):
+            raise SystemExit(f"usage: yolo-fastdetect {command} {' '.join(f'[{o}]' for o in options)}   "
+                             f"(got {' '.join(argv[1:])})")
+        elif command == "build":
+            _build(cuda="--cuda" in argv[1:])
         else:
-            (_build if command == "build" else _info)()
+            _info()
     elif command == "bench":
         _bench(argv[1:])
     else:
@@ -129,9 +135,14 @@ def installed_hook() -> Path | None:
     return next((Path(d) / HOOK_FILE_NAME for d in site_dirs if (Path(d) / HOOK_FILE_NAME).is_file()), None)
 
 
-def _build() -> None:
+def _build(cuda: bool = False) -> None:
+    """Compile (or load) the operators; with ``cuda``, CUDA kernels even where no GPU is present."""
     from . import _ext
 
+    if cuda:
+        if _ext._cuda_home() is None:
+            raise SystemExit("yolo-fastdetect build --cuda: no CUDA toolkit found (set CUDA_HOME to one with nvcc)")
+        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", _ext.cuda_arch_list())
     print(f"yolo_fastdetect operators: {_ext.build()}")
 
 
