@@ -234,7 +234,7 @@ def test_strided_and_degenerate_shapes(generator, device):
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
 def test_nonfinite_box_coordinates_match_stock(generator, device, value):
     """Boxes with NaN or infinite coordinates: the same detections as stock (which torchvision's kernels decide)."""
-    prediction = make_prediction(generator, 3, distinct_scores=True).to(device)
+    prediction = make_prediction(generator, 3, num_anchors=400, distinct_scores=True).to(device)
     anchors = torch.randint(0, prediction.shape[2], (40,), generator=generator)
     for row in range(4):
         prediction[row % 3, row, anchors[row * 10 : row * 10 + 10]] = value
@@ -247,7 +247,7 @@ def test_nonfinite_box_coordinates_match_stock(generator, device, value):
 def test_huge_max_det_and_no_max_nms_match_stock(generator, device, multi_label):
     """max_det=10**9 returns what there is, as stock (the output was allocated for max_det rows per image: the
     process was killed for memory); max_nms=0 keeps nothing, as stock's [:0]."""
-    prediction = make_prediction(generator, 4, num_extra=2, distinct_scores=True).to(device)  # no ties at max_nms
+    prediction = make_prediction(generator, 4, num_extra=2, num_anchors=400, distinct_scores=True).to(device)
     for options in ({"max_det": 10**9}, {"max_det": 10**9, "max_nms": 50}, {"max_nms": 0}):
         options = {**options, "multi_label": multi_label, "conf_thres": 0.05}
         ours, stock = non_max_suppression(prediction, nc=4, **options), stock_non_max_suppression(prediction, nc=4,
