@@ -239,7 +239,10 @@ def test_nonfinite_box_coordinates_match_stock(generator, device, value):
     for row in range(4):
         prediction[row % 3, row, anchors[row * 10 : row * 10 + 10]] = value
     assert not torch.isfinite(prediction[:, :4]).all()
-    assert_same_detections(non_max_suppression(prediction, nc=4), stock_non_max_suppression(prediction, nc=4))
+    ours, stock = non_max_suppression(prediction, nc=4), stock_non_max_suppression(prediction, nc=4)
+    assert len(ours) == len(stock)
+    for mine, theirs in zip(ours, stock):  # kept boxes may hold NaN: compared as equal where both do
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("device", devices())
