@@ -1,6 +1,6 @@
 """The ``yolo-fastdetect`` console script: the ``yolo`` command with the patch on, plus commands of its own.
 
-``yolo-fastdetect predict model=yolo12n.pt source=0 half=True`` (and ``val``, ``track``, ``train``, ``export``,
+``yolo-fastdetect predict model=yolo12n.pt source=0 quantize=16`` (and ``val``, ``track``, ``train``, ``export``,
 ``help``, ...) takes exactly the ``yolo`` syntax and runs Ultralytics' own entrypoint, so saving, streaming, the
 run folder and every message are those of ``yolo``. ``export`` runs stock: an exported model must not depend on
 this package. The commands of its own are ``build``, ``info`` and ``bench NAME``.
@@ -22,7 +22,7 @@ HOOK_FILE_NAME = "yolo_fastdetect_hook.pth"
 
 USAGE = """\
 usage: yolo-fastdetect MODE [key=value ...]    the `yolo` command with yolo_fastdetect's kernels, e.g.
-         yolo-fastdetect predict model=yolo12n.pt source=0 half=True
+         yolo-fastdetect predict model=yolo12n.pt source=0 quantize=16
          yolo-fastdetect val model=yolo12n.pt data=coco8.yaml
          (`export` runs stock; `yolo-fastdetect help` shows Ultralytics' help)
        yolo-fastdetect build [--cuda]          compile the operators now (--cuda: CUDA kernels without a GPU here,

@@ -100,7 +100,7 @@ def decoded(kind: str, paths: list[Path]) -> list:
 def peak_memory_mb(side: str, list_file: Path) -> float:
     """Peak resident memory (MB) of a fresh process that loads the list of paths in ``list_file`` as ``side`` does."""
     command = [sys.executable, "-m", "yolo_fastdetect.bench.sources", "--measure-memory", side, str(list_file)]
-    output = subprocess.run(command, capture_output=True, text=True, check=True, env={**os.environ}).stdout
+    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     return float(output.strip().splitlines()[-1])
 
 
