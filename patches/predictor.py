@@ -85,12 +85,20 @@ def letterbox_options(predictor: DetectionPredictor, im) -> dict | None:
     }
 
 
+def _gpu_letterbox(predictor: DetectionPredictor) -> bool:
+    """Whether ``preprocess`` may letterbox on the GPU (the images decide the rest, see :func:`letterbox_options`)."""
+    device = predictor.device
+    return device is not None and device.type == "cuda" and _ext.has_cuda_kernels()
+
+
 def setup_source(self: DetectionPredictor, source, stride: int | None = None) -> None:
     """``BasePredictor.setup_source`` with the parallel loader of :mod:`yolo_fastdetect.sources` for file sources
-    (stock takes a ready loader as it is); stock's loader for every other source."""
-    loader = file_loader(
-        source, batch=self.args.batch, vid_stride=self.args.vid_stride, channels=getattr(self.model, "channels", 3)
-    )
+    (stock takes a ready loader as it is), which uploads the images ahead where ``preprocess`` letterboxes on the
+    GPU; stock's loader for every other source."""
+    channels = getattr(self.model, "channels", 3)
+    upload = _gpu_letterbox(self) and channels == 3 and not self.scale_fill
+    loader = file_loader(source, batch=self.args.batch, vid_stride=self.args.vid_stride, channels=channels,
+                         upload_to=self.device if upload else None)
     _stock(self, "setup_source")(source if loader is None else loader, stride)
 
 
@@ -108,11 +116,14 @@ def preprocess(self: DetectionPredictor, im) -> torch.Tensor:
 
 
 def _letterboxed(self: DetectionPredictor, im) -> torch.Tensor:
-    """The model input of ``im``: the letterbox operator on a CUDA device, else the stock method."""
-    if self.device is not None and self.device.type == "cuda" and _ext.has_cuda_kernels():
+    """The model input of ``im``: the letterbox operator on a CUDA device (from the copies the loader uploaded ahead,
+    where it did), else the stock method."""
+    if _gpu_letterbox(self):
         options = letterbox_options(self, im)
         if options is not None:
-            return letterbox(im, device=self.device, **options)[0]
+            uploads = getattr(self.dataset, "uploads", None)
+            uploaded = uploads.take(im) if uploads is not None and uploads.device == self.device else None
+            return letterbox(im if uploaded is None else uploaded, device=self.device, **options)[0]
     return _stock(self, "preprocess")(im)
 
 

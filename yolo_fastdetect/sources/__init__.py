@@ -12,7 +12,9 @@ Settings (environment variables, read when a loader is made):
 - ``YOLO_FASTDETECT_DECODE_THREADS``: decoder threads (default: the CPU cores this process may use, less one);
 - ``YOLO_FASTDETECT_READ_AHEAD``: batches decoded ahead of the predictor (default 2);
 - ``YOLO_FASTDETECT_LIST_OPENCV=0``: every file of a list decodes through Pillow, as stock (by default OpenCV decodes
-  the JPEGs it decodes to the same bytes, see :mod:`.path_list`).
+  the JPEGs it decodes to the same bytes, see :mod:`.path_list`);
+- ``YOLO_FASTDETECT_UPLOAD_AHEAD=0``: the decoder threads do not upload the images to the GPU (:mod:`.upload`); the
+  predictor's thread uploads each batch.
 """
 
 from __future__ import annotations
@@ -20,18 +22,22 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import torch
+
 from .files import FileLoader
 from .path_list import PathListLoader
 from .prefetch import OrderedPrefetch
+from .upload import Uploads
 from .video import VideoReader
 
-__all__ = ["FileLoader", "OrderedPrefetch", "PathListLoader", "VideoReader", "decode_threads", "file_loader",
+__all__ = ["FileLoader", "OrderedPrefetch", "PathListLoader", "Uploads", "VideoReader", "decode_threads", "file_loader",
            "read_ahead"]
 
 SOURCES_VARIABLE = "YOLO_FASTDETECT_SOURCES"
 THREADS_VARIABLE = "YOLO_FASTDETECT_DECODE_THREADS"
 READ_AHEAD_VARIABLE = "YOLO_FASTDETECT_READ_AHEAD"
 LIST_OPENCV_VARIABLE = "YOLO_FASTDETECT_LIST_OPENCV"
+UPLOAD_AHEAD_VARIABLE = "YOLO_FASTDETECT_UPLOAD_AHEAD"
 
 # What check_source treats as a stream, a URL or a screenshot rather than a local file.
 _STREAM_PREFIXES = ("rtsp://", "rtmp://", "tcp://", "http://", "https://")
@@ -74,9 +80,11 @@ def _is_local_path(source: object) -> bool:
     return not (source.isnumeric() or lower.endswith(".streams") or lower.startswith(_STREAM_PREFIXES) or screenshot)
 
 
-def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3) -> FileLoader | PathListLoader | None:
+def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3,
+                upload_to: torch.device | None = None) -> FileLoader | PathListLoader | None:
     """The parallel loader for ``source``, or None where Ultralytics' own loader stays (not a file source, or
-    ``YOLO_FASTDETECT_SOURCES=0``). Raises what stock raises for a missing path.
+    ``YOLO_FASTDETECT_SOURCES=0``). Raises what stock raises for a missing path. With ``upload_to`` (a CUDA device)
+    the decoder threads also upload the images there (unless ``YOLO_FASTDETECT_UPLOAD_AHEAD=0``).
 
     Examples:
         >>> loader = file_loader("path/to/folder", batch=16)
@@ -85,7 +93,10 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3) 
     """
     if os.environ.get(SOURCES_VARIABLE, "1") == "0":
         return None
-    options = {"batch": batch, "channels": channels, "threads": decode_threads(), "read_ahead": read_ahead()}
+    if os.environ.get(UPLOAD_AHEAD_VARIABLE, "1") == "0":
+        upload_to = None
+    options = {"batch": batch, "channels": channels, "threads": decode_threads(), "read_ahead": read_ahead(),
+               "upload_to": upload_to}
     if _is_local_path(source):
         return FileLoader(source, vid_stride=vid_stride, **options)
     if isinstance(source, (list, tuple)) and source and all(

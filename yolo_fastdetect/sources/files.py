@@ -18,10 +18,12 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import torch
 from ultralytics.data import loaders
 from ultralytics.data.loaders import LoadImagesAndVideos, SourceTypes
 
 from .prefetch import OrderedPrefetch
+from .upload import Uploads, loader_uploads
 from .video import VIDEO_END, VideoReader, VideoStart
 
 # Ultralytics decodes these suffixes (HEIC, AVIF, ...) through lazily registered PIL plugins, which it keeps serial
@@ -29,12 +31,15 @@ from .video import VIDEO_END, VideoReader, VideoStart
 _PIL_FALLBACK_LOCK = threading.Lock()
 
 
-def _decode(path: str, flags: int) -> np.ndarray | None:
-    """One image as ``LoadImagesAndVideos`` decodes it: Ultralytics' ``imread`` (None when unreadable)."""
+def _decode(path: str, flags: int, uploads: Uploads | None) -> np.ndarray | None:
+    """One image as ``LoadImagesAndVideos`` decodes it: Ultralytics' ``imread`` (None when unreadable); uploaded
+    ahead by ``uploads``, when given."""
     if Path(path).suffix.lower() in loaders.PIL_FALLBACK_SUFFIXES:
         with _PIL_FALLBACK_LOCK:
-            return loaders.imread(path, flags=flags)
-    return loaders.imread(path, flags=flags)
+            image = loaders.imread(path, flags=flags)
+    else:
+        image = loaders.imread(path, flags=flags)
+    return image if uploads is None else uploads.put(image)
 
 
 class FileLoader(LoadImagesAndVideos):
@@ -50,6 +55,8 @@ class FileLoader(LoadImagesAndVideos):
         channels (int): Image channels of the model (1 grayscale, 3 BGR).
         threads (int): Image decoder threads.
         read_ahead (int): Batches decoded ahead of the consumer.
+        upload_to (torch.device | None): A CUDA device to upload the decoded images to from the decoder threads
+            (:mod:`.upload`; the copies ride in :attr:`uploads`), or None.
 
     Examples:
         >>> for paths, images, info in FileLoader("path/to/folder", batch=16, threads=8, read_ahead=2):
@@ -57,13 +64,14 @@ class FileLoader(LoadImagesAndVideos):
     """
 
     def __init__(self, path, batch: int = 1, vid_stride: int = 1, channels: int = 3, threads: int = 1,
-                 read_ahead: int = 2):
+                 read_ahead: int = 2, upload_to: torch.device | None = None):
         super().__init__(path, batch=batch, vid_stride=vid_stride, channels=channels)
         if self.cap:  # stock opened the first video to read its fps and frame count; the reader opens its own
             self.cap.release()
             self.cap = None
         self.source_type = SourceTypes()  # what load_inference_source gives a file source: no stream, no arrays
         self.threads, self.read_ahead = threads, read_ahead
+        self.uploads = loader_uploads(upload_to, batch, threads, read_ahead)
         self._images: OrderedPrefetch | None = None
         self._videos: VideoReader | None = None
         self._in_video = False
@@ -72,12 +80,13 @@ class FileLoader(LoadImagesAndVideos):
         self.close()
         self.count = 0
         if self.ni:
-            decode = partial(_decode, flags=self.cv2_flag)
+            decode = partial(_decode, flags=self.cv2_flag, uploads=self.uploads)
             window = max(self.read_ahead * self.bs, self.threads)
             self._images = OrderedPrefetch(decode, self.files[: self.ni], self.threads, window)
         if self.nf > self.ni:
             gray = self.cv2_flag == cv2.IMREAD_GRAYSCALE
-            self._videos = VideoReader(self.files[self.ni :], self.vid_stride, gray, self.read_ahead * self.bs)
+            self._videos = VideoReader(self.files[self.ni :], self.vid_stride, gray, self.read_ahead * self.bs,
+                                       on_frame=self.uploads.put if self.uploads is not None else None)
         return self
 
     def __next__(self) -> tuple[list[str], list[np.ndarray], list[str]]:
@@ -127,3 +136,5 @@ class FileLoader(LoadImagesAndVideos):
                 reader.close()
         self._images = self._videos = None
         self._in_video = False
+        if self.uploads is not None:
+            self.uploads.clear()

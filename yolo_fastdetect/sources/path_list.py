@@ -33,10 +33,12 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import torch
 from PIL import ExifTags, Image
 from ultralytics.data.loaders import LoadPilAndNumpy, SourceTypes, autocast_list
 
 from .prefetch import OrderedPrefetch
+from .upload import Uploads, loader_uploads
 
 _TRANSPOSING_ORIENTATIONS = (5, 6, 7, 8)  # EXIF orientations that exif_transpose turns by 90 degrees
 _JPEG_END = b"\xff\xd9"  # EOI: without it Pillow raises "image file is truncated" where OpenCV fills in gray
@@ -70,14 +72,17 @@ def _opencv_jpeg(path: str | Path) -> np.ndarray | None:
     return cv2.imdecode(data, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
 
 
-def _decode(entry: tuple[int, str | Path, bool], channels: int) -> tuple[str, np.ndarray]:
+def _decode(entry: tuple[int, str | Path, bool], channels: int, uploads: Uploads | None) -> tuple[str, np.ndarray]:
     """One list entry ``(index, path, opencv_decodes)`` as stock decodes it: its path as ``LoadPilAndNumpy`` names
-    it, and its BGR (or gray) array."""
+    it, and its BGR (or gray) array (uploaded ahead by ``uploads``, when given)."""
     index, path, opencv_decodes = entry
     if opencv_decodes and (image := _opencv_jpeg(path)) is not None:
-        return os.fspath(path), image
-    image = autocast_list([path])[0]
-    return getattr(image, "filename", "") or f"image{index}.jpg", LoadPilAndNumpy._single_check(image, channels)
+        name = os.fspath(path)
+    else:
+        pil_image = autocast_list([path])[0]
+        name = getattr(pil_image, "filename", "") or f"image{index}.jpg"
+        image = LoadPilAndNumpy._single_check(pil_image, channels)
+    return name, image if uploads is None else uploads.put(image)
 
 
 class PathListLoader(LoadPilAndNumpy):
@@ -86,6 +91,7 @@ class PathListLoader(LoadPilAndNumpy):
 
     Attributes:
         same_shapes (bool): Whether every image of the list has one (upright) size, as stock's single batch sees it.
+        uploads (Uploads | None): The images' copies on ``upload_to``, a CUDA device (:mod:`.upload`), or None.
 
     Examples:
         >>> for paths, images, info in PathListLoader(["a.jpg", "b.jpg"], batch=2, threads=2, read_ahead=2):
@@ -93,7 +99,7 @@ class PathListLoader(LoadPilAndNumpy):
     """
 
     def __init__(self, paths: Sequence[str | Path], batch: int = 1, channels: int = 3, threads: int = 1,
-                 read_ahead: int = 2, opencv_jpeg: bool = True):
+                 read_ahead: int = 2, opencv_jpeg: bool = True, upload_to: torch.device | None = None):
         # LoadPilAndNumpy.__init__ is not called: it would hold every decoded image.
         self.sources = list(paths)
         self.bs, self.channels, self.threads, self.read_ahead = batch, channels, threads, read_ahead
@@ -105,6 +111,7 @@ class PathListLoader(LoadPilAndNumpy):
         opencv = opencv_jpeg and channels == 3  # a 1-channel model takes Pillow's "L" conversion, not libjpeg's Y
         self._entries = [(i, path, opencv and p.opencv_decodes) for i, (path, p) in
                          enumerate(zip(self.sources, probes))]
+        self.uploads = loader_uploads(upload_to, batch, threads, read_ahead)
         self._images: OrderedPrefetch | None = None
 
     def __len__(self) -> int:
@@ -113,7 +120,7 @@ class PathListLoader(LoadPilAndNumpy):
     def __iter__(self) -> PathListLoader:
         self.close()
         self.count = 0
-        decode = partial(_decode, channels=self.channels)
+        decode = partial(_decode, channels=self.channels, uploads=self.uploads)
         window = max(self.read_ahead * self.bs, self.threads)
         self._images = OrderedPrefetch(decode, self._entries, self.threads, window)
         return self
@@ -133,4 +140,6 @@ class PathListLoader(LoadPilAndNumpy):
         if self._images is not None:
             self._images.close()
             self._images = None
+        if self.uploads is not None:
+            self.uploads.clear()
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import queue
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import cv2
@@ -52,7 +52,8 @@ def _put(frames: queue.Queue, stop: threading.Event, item) -> bool:
     return False
 
 
-def _read_one(path: str, vid_stride: int, gray: bool, frames: queue.Queue, stop: threading.Event) -> bool:
+def _read_one(path: str, vid_stride: int, gray: bool, on_frame: Callable | None, frames: queue.Queue,
+              stop: threading.Event) -> bool:
     """Read one video into ``frames``; False when reading should stop (consumer gone, or the video did not open)."""
     capture = cv2.VideoCapture(path)
     try:
@@ -76,6 +77,8 @@ def _read_one(path: str, vid_stride: int, gray: bool, frames: queue.Queue, stop:
             if retrieved and image is not None:
                 if gray:
                     image = cv2.cvtColor(image, cv2.COLOR_BGR2GRAY)[..., None]
+                if on_frame is not None:
+                    image = on_frame(image)
                 frame += 1
                 if not _put(frames, stop, VideoFrame(image, last=frame == count)):
                     return False
@@ -85,10 +88,11 @@ def _read_one(path: str, vid_stride: int, gray: bool, frames: queue.Queue, stop:
         capture.release()
 
 
-def _read_all(paths: Sequence[str], vid_stride: int, gray: bool, frames: queue.Queue, stop: threading.Event) -> None:
+def _read_all(paths: Sequence[str], vid_stride: int, gray: bool, on_frame: Callable | None, frames: queue.Queue,
+              stop: threading.Event) -> None:
     try:
         for path in paths:
-            if not _read_one(path, vid_stride, gray, frames, stop):
+            if not _read_one(path, vid_stride, gray, on_frame, frames, stop):
                 return
     except BaseException as error:  # noqa: BLE001 - handed to the consumer, which raises it
         _put(frames, stop, error)
@@ -107,13 +111,16 @@ class VideoReader:
     :meth:`get` returns, per video, a :class:`VideoStart`, then its :class:`VideoFrame` items, then
     :data:`VIDEO_END` unless the last frame said ``last``; it raises what the reader raised (a video that did not
     open, a decoder error). The thread and its open capture end at :meth:`close` or garbage collection.
+    ``on_frame(image)``, when given, runs on the reader's thread for each frame and returns the frame to queue (the
+    upload-ahead of :mod:`.upload`).
     """
 
-    def __init__(self, paths: Sequence[str], vid_stride: int, gray: bool, capacity: int):
+    def __init__(self, paths: Sequence[str], vid_stride: int, gray: bool, capacity: int,
+                 on_frame: Callable[[np.ndarray], np.ndarray] | None = None):
         self._frames: queue.Queue = queue.Queue(maxsize=max(1, capacity))
         stop = threading.Event()
         self._thread = threading.Thread(
-            target=_read_all, args=(list(paths), vid_stride, gray, self._frames, stop), daemon=True,
+            target=_read_all, args=(list(paths), vid_stride, gray, on_frame, self._frames, stop), daemon=True,
             name="yolo_fastdetect_video",
         )
         self._thread.start()

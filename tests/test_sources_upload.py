@@ -1,0 +1,139 @@
+"""Upload-ahead (:mod:`yolo_fastdetect.sources.upload`): the decoder threads' GPU copies are the images' bytes, found
+again only for the very arrays that were uploaded, bounded in count and bytes; and ``model.predict`` on folders,
+videos and lists letterboxes every batch from them, with the same results as stock."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import yolo_fastdetect
+from conftest import detecting_model
+from sources_corpus import write_corpus
+from test_sources import assert_same_results, list_sources, stock_and_ours
+from yolo_fastdetect.sources import FileLoader, PathListLoader, Uploads, file_loader, upload
+
+cuda = pytest.mark.cuda
+
+
+def random_images(generator: torch.Generator, count: int) -> list[np.ndarray]:
+    """Uint8 BGR images of random, non-square sizes."""
+    images = []
+    for _ in range(count):
+        height, width = (int(v) for v in torch.randint(17, 300, (2,), generator=generator))
+        images.append(torch.randint(0, 256, (height, width, 3), dtype=torch.uint8, generator=generator).numpy())
+    return images
+
+
+@cuda
+def test_taken_copies_are_the_images_bytes(generator):
+    uploads = Uploads(torch.device("cuda", 0), capacity=16)
+    images = random_images(generator, 6)
+    assert all(uploads.put(image) is image for image in images)
+    copies = uploads.take(images[1:4])
+    assert [tuple(c.shape) for c in copies] == [image.shape for image in images[1:4]]
+    assert all(c.is_cuda and torch.equal(c.cpu(), torch.from_numpy(image)) for c, image in zip(copies, images[1:4]))
+    assert uploads.take(images[1:2]) is None  # taken once: the caller holds it now
+    assert uploads.take([images[0].copy()]) is None  # equal bytes, another array: not uploaded
+    assert uploads.take([images[5], images[0]]) is not None and len(uploads) == 1  # in any order; image 4 is left
+    assert uploads.take([images[4], images[4].copy()]) is None and len(uploads) == 1  # all or nothing
+
+
+@cuda
+def test_what_is_not_a_contiguous_bgr_image_stays_on_the_host(generator):
+    uploads = Uploads(torch.device("cuda", 0), capacity=16)
+    image = random_images(generator, 1)[0]
+    others = [None, image[:, ::2], image[..., :1], image.astype(np.uint16), np.dstack([image, image[..., :1]])]
+    for other in others:
+        assert uploads.put(other) is other
+    assert len(uploads) == 0
+
+
+@cuda
+def test_capacity_and_byte_budget_bound_the_uploads(generator, monkeypatch):
+    uploads = Uploads(torch.device("cuda", 0), capacity=3)
+    images = random_images(generator, 5)
+    for image in images:
+        uploads.put(image)
+    assert len(uploads) == 3 and uploads.take(images[:1]) is None  # the oldest were dropped
+    assert uploads.take(images[2:]) is not None
+    monkeypatch.setattr(upload, "UPLOAD_BUDGET_BYTES", images[0].nbytes + images[1].nbytes)
+    small = Uploads(torch.device("cuda", 0), capacity=8)
+    small.put(images[0]), small.put(images[1]), small.put(images[2])
+    assert len(small) == 2 and small.take(images[2:3]) is None  # over the budget: not uploaded
+    assert small.take(images[:1]) is not None  # taking returns its bytes to the budget
+    small.put(images[2])
+    assert small.take(images[1:3]) is not None
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def model():
+    return detecting_model("cpu", logit_scale=1e7)
+
+
+@pytest.fixture(autouse=True)
+def restore_patch():
+    yield
+    yolo_fastdetect.enable()
+
+
+@pytest.fixture
+def taken(monkeypatch) -> list:
+    """What each ``Uploads.take`` call returned: None where the batch was not (all) uploaded."""
+    calls = []
+    original = Uploads.take
+
+    def spy(self, images):
+        result = original(self, images)
+        calls.append(result)
+        return result
+
+    monkeypatch.setattr(Uploads, "take", spy)
+    return calls
+
+
+@cuda
+@pytest.mark.parametrize("batch", [1, 4])
+def test_folder_with_videos_letterboxes_from_the_uploads(model, corpus, taken, batch):
+    stock, ours = stock_and_ours(model, str(corpus), batch=batch, device="cuda", vid_stride=2)
+    assert_same_results(stock["results"], ours["results"])
+    assert ours["batches"] == stock["batches"] and ours["log"] == stock["log"]
+    # imread gives every readable file here (gray, CMYK and PNG included) and every frame as 3-channel BGR, so
+    # every batch must have been uploaded ahead.
+    assert len(taken) == len(ours["batches"]) and all(copies is not None for copies in taken)
+
+
+@cuda
+@pytest.mark.parametrize("batch", [1, 32])
+def test_list_of_paths_letterboxes_from_the_uploads(model, corpus, taken, batch):
+    stock, ours = stock_and_ours(model, list_sources(corpus)["mixed sizes"], batch=batch, device="cuda")
+    assert_same_results(stock["results"], ours["results"])
+    assert ours["log"] == stock["log"]
+    assert len(taken) == len(ours["batches"]) and all(copies is not None for copies in taken)
+
+
+@cuda
+def test_upload_ahead_can_be_turned_off(model, corpus, taken, monkeypatch):
+    monkeypatch.setenv("YOLO_FASTDETECT_UPLOAD_AHEAD", "0")
+    assert file_loader(str(corpus), batch=2, upload_to=torch.device("cuda", 0)).uploads is None
+    stock, ours = stock_and_ours(model, str(corpus), batch=2, device="cuda")
+    assert_same_results(stock["results"], ours["results"])
+    assert taken == []
+
+
+def test_the_loaders_upload_nothing_without_a_device(corpus):
+    assert file_loader(str(corpus), batch=2).uploads is None
+    paths = list_sources(corpus)["mixed sizes"]
+    assert isinstance(file_loader(paths, batch=2), PathListLoader) and file_loader(paths).uploads is None
+    assert isinstance(file_loader(str(corpus)), FileLoader)
+
+
+def test_a_cpu_predictor_uploads_nothing(model, corpus):
+    for _ in model.predict(str(corpus), stream=True, device="cpu", imgsz=256):
+        assert model.predictor.dataset.uploads is None
