@@ -1,12 +1,11 @@
 """Upload-ahead: decoded images go to the GPU from the decoder threads, on a side stream, so that the patched
-``preprocess`` finds its batch already there and only letterboxes it.
+``preprocess`` finds its image already there and only letterboxes it.
 
-Without it the predictor's thread uploads each batch itself: the letterbox packs the original images into pinned
-memory on 8 threads, then copies them to the GPU. On the H200 (``bench sources``, folder of 256 JPEGs up to 4K,
-batch 64, 15 decoder threads) that made preprocess 0.78 ms an image on the predictor's thread, the largest part of
-its loop, as the packing threads competed with the decoders for the cores; the decoders sat idle meanwhile, bounded
-by the read-ahead. Each decoder thread now copies the image it decoded into pinned memory and starts its transfer;
-the predictor waits for the transfers on the GPU, not on the host.
+Without it the predictor's thread uploads each batch itself (the letterbox packs the original images into pinned
+memory, then copies them to the GPU). With it each decoder thread (or the video reader) copies the image it decoded
+into pinned memory and starts its transfer; the predictor waits for the transfer on the GPU, not on the host. That
+is worth it where the predictor's thread bounds the pipeline, at batch 1 (the measurement is in
+:mod:`yolo_fastdetect.sources`, which decides where it applies).
 
 :class:`Uploads` finds an image's copy by the image's identity: the loader returns the same numpy arrays (stock's
 ``im0s``, which ``Results`` keep), and the copies ride beside them.
