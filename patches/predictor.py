@@ -96,9 +96,9 @@ def setup_source(self: DetectionPredictor, source, stride: int | None = None) ->
     (stock takes a ready loader as it is), which uploads the images ahead where ``preprocess`` letterboxes on the
     GPU; stock's loader for every other source."""
     channels = getattr(self.model, "channels", 3)
-    upload = _gpu_letterbox(self) and channels == 3 and not self.scale_fill
+    gpu_input = _gpu_letterbox(self) and channels == 3 and not self.scale_fill
     loader = file_loader(source, batch=self.args.batch, vid_stride=self.args.vid_stride, channels=channels,
-                         upload_to=self.device if upload else None)
+                         device=self.device if gpu_input else None)
     _stock(self, "setup_source")(source if loader is None else loader, stride)
 
 

@@ -125,7 +125,7 @@ def test_no_upload_ahead_above_batch_1_or_when_turned_off(model, corpus, taken, 
     batch = 2 if setting == "batch 2" else 1
     if setting == "turned off":
         monkeypatch.setenv("YOLO_FASTDETECT_UPLOAD_AHEAD", "0")
-    assert file_loader(str(corpus), batch=batch, upload_to=torch.device("cuda", 0)).uploads is None
+    assert file_loader(str(corpus), batch=batch, device=torch.device("cuda", 0)).uploads is None
     stock, ours = stock_and_ours(model, str(corpus), batch=batch, device="cuda")
     assert_same_results(stock["results"], ours["results"])
     assert taken == []

@@ -10,7 +10,8 @@ and a 1080p mp4 clip of ``--frames`` frames. Then, in one process on one model (
   per second; the ceiling of a pipelined loader, min(decode-only rate on all decoder threads, ours on the same
   images already in memory at that batch size), and ours as a share of it; whether both detect the same (same
   paths in order, same box counts, largest distance from one of our boxes to stock's nearest of its class);
-- ``--sources`` picks the cases (``list``, ``folder``, ``video``);
+- ``--sources`` picks the cases (``list``, ``folder``, ``video``); ``--gpu-jpeg`` also times ours on the folder with
+  ``YOLO_FASTDETECT_GPU_JPEG=1`` (nvJPEG, opt-in: not stock's pixels, so its detections are compared too);
 - peak host memory of loading a list of ``--memory-paths`` paths (640x480 files, repeated): stock's loader (which
   decodes the whole list first) against ours, each in a fresh process.
 """
@@ -160,6 +161,13 @@ def run(args) -> list[dict]:
             for side, switch in (("stock", yolo_fastdetect.disable), ("ours", yolo_fastdetect.enable)):
                 switch()
                 row[side], row[f"{side}_records"] = timed_rate(model, source, batch, options, args.repeats)
+            if args.gpu_jpeg and kind == "folder":
+                os.environ["YOLO_FASTDETECT_GPU_JPEG"] = "1"
+                try:
+                    row["gpu_jpeg"], records = timed_rate(model, source, batch, options, args.repeats)
+                finally:
+                    del os.environ["YOLO_FASTDETECT_GPU_JPEG"]
+                row["gpu_jpeg_detections"] = same_detections(records, row["stock_records"])
             row["detections"] = same_detections(row.pop("ours_records"), row.pop("stock_records"))
             row["decode_only"] = decode_rate(source)
             row["in_memory"] = in_memory_rate(model, decoded(kind.split()[0], paths), batch, options, args.repeats)
@@ -189,6 +197,14 @@ def markdown(rows: list[dict], memory: dict, threads: int, args) -> str:
             f"{row['ours'] / row['stock']:.2f}x | {row['decode_only']:.0f} | {row['in_memory']:.0f} | "
             f"{row['ours'] / row['ceiling']:.0%} | {same} | {detections['max_box_diff_px']:.2g} |"
         )
+    for row in (row for row in rows if "gpu_jpeg" in row):
+        detections = row["gpu_jpeg_detections"]
+        lines.append(
+            f"\nfolder batch {row['batch']} with YOLO_FASTDETECT_GPU_JPEG=1: {row['gpu_jpeg']:.0f} img/s "
+            f"({row['gpu_jpeg'] / row['stock']:.2f}x stock); boxes {detections['ours']} vs stock's "
+            f"{detections['stock']}, same counts per image: {detections['same_counts']}, max box diff "
+            f"{detections['max_box_diff_px']:.3g} px (untied {detections['max_box_diff_px_untied']:.3g})"
+        )
     if memory:
         lines += ["", f"Peak host memory loading a list of {args.memory_paths} paths (640x480): stock "
                       f"{memory['stock']:.0f} MB, ours {memory['ours']:.0f} MB (batch 64; the imports alone: "
@@ -206,6 +222,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--video-batches", type=int, nargs="+", default=[1, 8])
     kinds = ["list", "folder", "video"]
     parser.add_argument("--sources", nargs="+", default=kinds, choices=kinds, help="which cases to run")
+    parser.add_argument("--gpu-jpeg", action="store_true", help="also time the folder with nvJPEG decoding (opt-in)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--memory-paths", type=int, default=2000, help="0 skips the memory measurement")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])

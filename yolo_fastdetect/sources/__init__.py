@@ -14,7 +14,9 @@ Settings (environment variables, read when a loader is made):
 - ``YOLO_FASTDETECT_LIST_OPENCV=0``: every file of a list decodes through Pillow, as stock (by default OpenCV decodes
   the JPEGs it decodes to the same bytes, see :mod:`.path_list`);
 - ``YOLO_FASTDETECT_UPLOAD_AHEAD=0``: at batch 1 too, the predictor's thread uploads each image to the GPU (by
-  default the decoder threads do, see :mod:`.upload`).
+  default the decoder threads do, see :mod:`.upload`);
+- ``YOLO_FASTDETECT_GPU_JPEG=1`` (opt-in; not stock's pixels): a folder's, glob's or ``.txt``/``.csv`` list's baseline
+  JPEGs decode on the GPU with nvJPEG (:mod:`.gpu_jpeg`); Python lists of paths keep the CPU.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ THREADS_VARIABLE = "YOLO_FASTDETECT_DECODE_THREADS"
 READ_AHEAD_VARIABLE = "YOLO_FASTDETECT_READ_AHEAD"
 LIST_OPENCV_VARIABLE = "YOLO_FASTDETECT_LIST_OPENCV"
 UPLOAD_AHEAD_VARIABLE = "YOLO_FASTDETECT_UPLOAD_AHEAD"
+GPU_JPEG_VARIABLE = "YOLO_FASTDETECT_GPU_JPEG"
 # Upload-ahead pays where the predictor's thread bounds the pipeline, and costs where the decoders do (they take on
 # the copies). H200, 256 JPEGs up to 4K and a 720p clip, 15 decoder threads, with / without: folder batch 1 217 / 195
 # img/s, video batch 1 293 / 238 FPS; folder batch 16 428 / 413, batch 64 446 / 503, list batch 64 449 / 465, video
@@ -86,10 +89,11 @@ def _is_local_path(source: object) -> bool:
 
 
 def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3,
-                upload_to: torch.device | None = None) -> FileLoader | PathListLoader | None:
+                device: torch.device | None = None) -> FileLoader | PathListLoader | None:
     """The parallel loader for ``source``, or None where Ultralytics' own loader stays (not a file source, or
-    ``YOLO_FASTDETECT_SOURCES=0``). Raises what stock raises for a missing path. With ``upload_to`` (a CUDA device)
-    the decoder threads also upload the images there at batch 1 (unless ``YOLO_FASTDETECT_UPLOAD_AHEAD=0``).
+    ``YOLO_FASTDETECT_SOURCES=0``). Raises what stock raises for a missing path. ``device``: the CUDA device where the
+    predictor letterboxes, if it does: the decoder threads upload the images there at batch 1 (unless
+    ``YOLO_FASTDETECT_UPLOAD_AHEAD=0``), and with ``YOLO_FASTDETECT_GPU_JPEG=1`` a file source's JPEGs decode there.
 
     Examples:
         >>> loader = file_loader("path/to/folder", batch=16)
@@ -98,12 +102,12 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3,
     """
     if os.environ.get(SOURCES_VARIABLE, "1") == "0":
         return None
-    if batch > UPLOAD_AHEAD_MAX_BATCH or os.environ.get(UPLOAD_AHEAD_VARIABLE, "1") == "0":
-        upload_to = None
+    upload = batch <= UPLOAD_AHEAD_MAX_BATCH and os.environ.get(UPLOAD_AHEAD_VARIABLE, "1") != "0"
     options = {"batch": batch, "channels": channels, "threads": decode_threads(), "read_ahead": read_ahead(),
-               "upload_to": upload_to}
+               "upload_to": device if upload else None}
     if _is_local_path(source):
-        return FileLoader(source, vid_stride=vid_stride, **options)
+        gpu_jpeg = device if os.environ.get(GPU_JPEG_VARIABLE, "0") == "1" else None
+        return FileLoader(source, vid_stride=vid_stride, gpu_jpeg=gpu_jpeg, **options)
     if isinstance(source, (list, tuple)) and source and all(
         isinstance(item, Path) or (isinstance(item, str) and not item.lower().startswith(("http://", "https://")))
         for item in source

@@ -22,6 +22,7 @@ import torch
 from ultralytics.data import loaders
 from ultralytics.data.loaders import LoadImagesAndVideos, SourceTypes
 
+from .gpu_jpeg import EncodedJpeg, decode_on_gpu, read_for_gpu
 from .prefetch import OrderedPrefetch
 from .upload import Uploads, loader_uploads
 from .video import VIDEO_END, VideoReader, VideoStart
@@ -42,6 +43,12 @@ def _decode(path: str, flags: int, uploads: Uploads | None) -> np.ndarray | None
     return image if uploads is None else uploads.put(image)
 
 
+def _read_or_decode(path: str, flags: int, uploads: Uploads | None) -> EncodedJpeg | np.ndarray | None:
+    """With GPU JPEG decoding: a JPEG for the GPU as its bytes, any other file decoded as :func:`_decode` does."""
+    jpeg = read_for_gpu(path) if flags == cv2.IMREAD_COLOR else None
+    return jpeg if jpeg is not None else _decode(path, flags, uploads)
+
+
 class FileLoader(LoadImagesAndVideos):
     """``LoadImagesAndVideos`` whose images decode on ``threads`` threads and videos on a background thread, up to
     ``read_ahead`` batches ahead of the consumer (images: at least one per thread, so that batch 1 keeps every
@@ -57,6 +64,8 @@ class FileLoader(LoadImagesAndVideos):
         read_ahead (int): Batches decoded ahead of the consumer.
         upload_to (torch.device | None): A CUDA device to upload the decoded images to from the decoder threads
             (:mod:`.upload`; the copies ride in :attr:`uploads`), or None.
+        gpu_jpeg (torch.device | None): A CUDA device to decode the baseline JPEGs on (:mod:`.gpu_jpeg`, opt-in:
+            not stock's pixels), or None.
 
     Examples:
         >>> for paths, images, info in FileLoader("path/to/folder", batch=16, threads=8, read_ahead=2):
@@ -64,14 +73,15 @@ class FileLoader(LoadImagesAndVideos):
     """
 
     def __init__(self, path, batch: int = 1, vid_stride: int = 1, channels: int = 3, threads: int = 1,
-                 read_ahead: int = 2, upload_to: torch.device | None = None):
+                 read_ahead: int = 2, upload_to: torch.device | None = None, gpu_jpeg: torch.device | None = None):
         super().__init__(path, batch=batch, vid_stride=vid_stride, channels=channels)
         if self.cap:  # stock opened the first video to read its fps and frame count; the reader opens its own
             self.cap.release()
             self.cap = None
         self.source_type = SourceTypes()  # what load_inference_source gives a file source: no stream, no arrays
         self.threads, self.read_ahead = threads, read_ahead
-        self.uploads = loader_uploads(upload_to, batch, threads, read_ahead)
+        self.uploads = loader_uploads(upload_to or gpu_jpeg, batch, threads, read_ahead)
+        self._upload_ahead, self._gpu_jpeg = upload_to is not None, gpu_jpeg is not None
         self._images: OrderedPrefetch | None = None
         self._videos: VideoReader | None = None
         self._in_video = False
@@ -80,16 +90,44 @@ class FileLoader(LoadImagesAndVideos):
         self.close()
         self.count = 0
         if self.ni:
-            decode = partial(_decode, flags=self.cv2_flag, uploads=self.uploads)
+            decode = partial(_read_or_decode if self._gpu_jpeg else _decode, flags=self.cv2_flag,
+                             uploads=self.uploads if self._upload_ahead else None)
             window = max(self.read_ahead * self.bs, self.threads)
             self._images = OrderedPrefetch(decode, self.files[: self.ni], self.threads, window)
         if self.nf > self.ni:
             gray = self.cv2_flag == cv2.IMREAD_GRAYSCALE
             self._videos = VideoReader(self.files[self.ni :], self.vid_stride, gray, self.read_ahead * self.bs,
-                                       on_frame=self.uploads.put if self.uploads is not None else None)
+                                       on_frame=self.uploads.put if self._upload_ahead else None)
         return self
 
     def __next__(self) -> tuple[list[str], list[np.ndarray], list[str]]:
+        while True:
+            paths, images, info = self._next_batch()
+            if self._gpu_jpeg:
+                self._decode_jpegs(paths, images, info)
+            if paths:  # (empty only where every file of the batch failed on both decoders)
+                return paths, images, info
+
+    def _decode_jpegs(self, paths: list, images: list, info: list) -> None:
+        """Replace the batch's :class:`EncodedJpeg` items by their images, decoded on the GPU in one call (their GPU
+        copies held in :attr:`uploads`), or on the CPU where that call fails; a file neither decodes is dropped
+        with stock's warning."""
+        jobs = [i for i, image in enumerate(images) if isinstance(image, EncodedJpeg)]
+        if not jobs:
+            return
+        decoded = decode_on_gpu([images[i] for i in jobs], self.uploads.device)
+        for n, i in enumerate(jobs):
+            if decoded is None:
+                images[i] = loaders.imread(paths[i], flags=self.cv2_flag)
+            else:
+                images[i], copy = decoded[n]
+                self.uploads.add(images[i], copy)
+        for i in reversed(jobs):
+            if images[i] is None:
+                loaders.LOGGER.warning(f"Image Read Error {paths[i]}")
+                del paths[i], images[i], info[i]
+
+    def _next_batch(self) -> tuple[list[str], list, list[str]]:
         paths, images, info = [], [], []
         while len(images) < self.bs:
             if self.count >= self.nf:

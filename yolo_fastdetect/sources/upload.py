@@ -28,7 +28,7 @@ UPLOAD_BUDGET_BYTES = 4 << 30  # at most this much (or an eighth of the GPU's me
 class _Upload:
     image: np.ndarray  # the host image (held, so that its id is not reused while the entry lives)
     tensor: torch.Tensor  # its (H, W, 3) uint8 copy on the GPU
-    done: torch.cuda.Event  # recorded on the side stream after the copy
+    done: torch.cuda.Event  # recorded on the copy's stream after it
 
 
 class Uploads:
@@ -61,28 +61,40 @@ class Uploads:
         """Start copying ``image`` to the GPU (a contiguous uint8 BGR image; anything else is left alone); returns
         ``image``, so that it can wrap a decode function's result."""
         if not (isinstance(image, np.ndarray) and image.dtype == np.uint8 and image.ndim == 3
-                and image.shape[2] == 3 and image.flags.c_contiguous):
+                and image.shape[2] == 3 and image.flags.c_contiguous) or not self._reserve(image):
             return image
-        with self._lock:
-            if self._bytes + image.nbytes > self._budget:
-                return image
-            self._bytes += image.nbytes  # reserved now, so that concurrent decoders respect the budget
         try:
             with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
                 # pin_memory copies on this thread; the transfer runs on the side stream. The caching host allocator
                 # reuses the pinned block only after the transfer that reads it has completed.
                 tensor = torch.from_numpy(image).pin_memory().to(self.device, non_blocking=True)
-                done = torch.cuda.Event()
-                done.record(self._stream)
+                self._register(image, tensor, self._stream)
         except torch.OutOfMemoryError:
             with self._lock:
                 self._bytes -= image.nbytes
-            return image
+        return image
+
+    def add(self, image: np.ndarray, tensor: torch.Tensor) -> None:
+        """Hold ``tensor``, ``image``'s copy already on the device (written on its current stream), for :meth:`take`
+        (unless that exceeds the budget: the predictor then uploads ``image``)."""
+        if self._reserve(image):
+            self._register(image, tensor, torch.cuda.current_stream(self.device))
+
+    def _reserve(self, image: np.ndarray) -> bool:
+        """Count ``image``'s bytes against the budget; False where they do not fit."""
+        with self._lock:
+            if self._bytes + image.nbytes > self._budget:
+                return False
+            self._bytes += image.nbytes  # reserved now, so that concurrent decoders respect the budget
+            return True
+
+    def _register(self, image: np.ndarray, tensor: torch.Tensor, stream: torch.cuda.Stream) -> None:
+        done = torch.cuda.Event()
+        done.record(stream)
         with self._lock:
             self._entries[id(image)] = _Upload(image, tensor, done)
             while len(self._entries) > self._capacity:
                 self._bytes -= self._entries.popitem(last=False)[1].image.nbytes
-        return image
 
     def take(self, images: Sequence[np.ndarray]) -> list[torch.Tensor] | None:
         """The GPU copies of ``images``, usable on the device's current stream, or None unless every one of them was
