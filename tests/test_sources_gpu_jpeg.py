@@ -10,30 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-import yolo_fastdetect
-from conftest import detecting_model
-from sources_corpus import write_corpus
-from test_sources import assert_same_results, exact_convolutions, stock_and_ours  # noqa: F401
+# corpus, model and the autouse fixtures (TF32 off, the patch re-enabled) are test_sources' own
+from test_sources import (  # noqa: F401
+    assert_same_results, corpus, exact_convolutions, model, restore_patch, stock_and_ours)
 from test_sources_upload import taken  # noqa: F401
 from yolo_fastdetect.sources import gpu_jpeg
 
 GPU_DECODED = {"a_baseline.jpg", "c_444.jpg"}  # the corpus' baseline YCbCr JPEGs without EXIF rotation
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return write_corpus(tmp_path_factory.mktemp("corpus"))
-
-
-@pytest.fixture(scope="module")
-def model():
-    return detecting_model("cpu", logit_scale=1e7)
-
-
-@pytest.fixture(autouse=True)
-def restore_patch():
-    yield
-    yolo_fastdetect.enable()
 
 
 def test_only_complete_baseline_upright_color_jpegs_go_to_the_gpu(corpus, tmp_path):

@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-import yolo_fastdetect
-from conftest import detecting_model
-from sources_corpus import write_corpus
-from test_sources import assert_same_results, exact_convolutions, list_sources, stock_and_ours  # noqa: F401
+# corpus, model and the autouse fixtures (TF32 off, the patch re-enabled) are test_sources' own
+from test_sources import (  # noqa: F401
+    assert_same_results, corpus, exact_convolutions, list_sources, model, restore_patch, stock_and_ours)
 from yolo_fastdetect.sources import FileLoader, PathListLoader, Uploads, file_loader, upload
 
 cuda = pytest.mark.cuda
@@ -66,22 +65,6 @@ def test_capacity_and_byte_budget_bound_the_uploads(generator, monkeypatch):
     assert small.take(images[:1]) is not None  # taking returns its bytes to the budget
     small.put(images[2])
     assert small.take(images[1:3]) is not None
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return write_corpus(tmp_path_factory.mktemp("corpus"))
-
-
-@pytest.fixture(scope="module")
-def model():
-    return detecting_model("cpu", logit_scale=1e7)
-
-
-@pytest.fixture(autouse=True)
-def restore_patch():
-    yield
-    yolo_fastdetect.enable()
 
 
 @pytest.fixture
