@@ -72,7 +72,9 @@ def _opencv_jpeg(path: str | Path) -> np.ndarray | None:
     return cv2.imdecode(data, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
 
 
-def _decode(entry: tuple[int, str | Path, bool], channels: int, uploads: Uploads | None) -> tuple[str, np.ndarray]:
+def _decode(
+    entry: tuple[int, str | Path, bool], channels: int, uploads: Uploads | None = None
+) -> tuple[str, np.ndarray]:
     """One list entry ``(index, path, opencv_decodes)`` as stock decodes it: its path as ``LoadPilAndNumpy`` names
     it, and its BGR (or gray) array (uploaded ahead by ``uploads``, when given)."""
     index, path, opencv_decodes = entry
