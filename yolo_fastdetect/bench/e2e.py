@@ -11,7 +11,9 @@ bracketed by CUDA events. Reported: the median wall time per image and images/s,
 per-image stage times (``Results.speed``), the speed-up, and whether stock and ours detect the same on the last
 timed call (boxes per side, largest distance from one of our boxes to stock's nearest box of its class).
 Options: ``--models``, ``--batches``, ``--iters``, ``--warmup``, ``--json PATH`` (raw numbers, for
-``benchmarks/plot_e2e.py``), ``--device cpu`` (a smoke run with a wall clock; the patch changes nothing there).
+``benchmarks/plot_e2e.py``), ``--device cpu`` (a smoke run with a wall clock; the patch changes nothing there),
+``--profile`` (instead of the table, where the host time of a patched call goes: cProfile over ``--iters`` calls of
+the first model at the first batch size after ``--warmup`` calls, the 40 costliest functions by cumulative time).
 """
 
 from __future__ import annotations
@@ -135,6 +137,30 @@ def bench_model(name: str, images: list[np.ndarray], batches: list[int], device:
     return rows
 
 
+def profile_predict(name: str, images: list[np.ndarray], batch: int, device: str, warmup: int, iters: int) -> None:
+    """``--profile``: cProfile of ``iters`` patched ``model.predict`` calls (host time, by function)."""
+    import cProfile
+    import pstats
+
+    import yolo_fastdetect
+
+    yolo_fastdetect.enable()
+    model = detecting_model(name)
+    options = {"device": device, "batch": batch, "verbose": False, "quantize": 16 if device == "cuda" else None}
+    for call in range(warmup):
+        model.predict(batch_images(images, batch, call), **options)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for call in range(iters):
+        results = model.predict(batch_images(images, batch, call), **options)
+    profiler.disable()
+    print(f"\ncProfile of {iters} patched model.predict calls, {name}, batch {batch}; speed of the last call: "
+          f"{results[0].speed}")
+    pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
+
+
 def markdown_table(rows: list[dict]) -> str:
     header = (
         "| model | batch | stock ms/img | ours ms/img | speed-up | stock img/s | ours img/s | "
@@ -167,6 +193,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=6, help="untimed calls first; >= 4 captures both batch-1 shapes")
     parser.add_argument("--json", type=Path, help="also write the raw numbers to this file")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a smoke run only")
+    parser.add_argument("--profile", action="store_true",
+                        help="instead: cProfile the patched calls of the first model at the first batch size")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench e2e needs a CUDA GPU (or --device cpu for a smoke run)")
@@ -174,6 +202,8 @@ def main(argv: list[str] | None = None) -> None:
 
     _ext.require()
     images = load_images()
+    if args.profile:
+        return profile_predict(args.models[0], images, args.batches[0], args.device, args.warmup, args.iters)
     environment = environment_line()
     print(f"model.predict end to end: {environment}", flush=True)
     rows = [row for name in args.models for row in bench_model(name, images, args.batches, args.device,
@@ -184,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
           "stages: Ultralytics' Results.speed)\n")
     print(markdown_table(rows))
     if args.json:
-        settings = {key: value for key, value in vars(args).items() if key != "json"}
+        settings = {key: value for key, value in vars(args).items() if key not in ("json", "profile")}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"environment": environment, "settings": settings, "rows": rows},
                                         indent=2))
