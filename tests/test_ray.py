@@ -116,20 +116,42 @@ def test_predictor_rows_match_predict(model, folder, expected):
 
 
 def test_predict_dataset_matches_predict_and_resumes(cluster, model, folder, expected, tmp_path):
-    """Half the images as a list, then the whole folder into the same output: the second run predicts only the rest
-    (resume), and the output holds each file once, with stock's detections and the broken files' errors."""
+    """A list of 12 paths, then every file as a Dataset of bytes, then the folder, into one output: each run predicts
+    only what is not there yet (resume; a file cut short by a crash is dropped), and the output holds each file once,
+    with stock's detections and the broken files' errors."""
     paths = sorted(str(p) for p in folder.iterdir())
     first = predict_dataset(model, paths[:12], tmp_path, batch_size=4, imgsz=IMGSZ)
     assert (first.images, first.failures, first.already_written) == (12, 0, 0)
     assert first.detections == sum(len(expected[p][2]) for p in paths[:12])
 
-    second = predict_dataset(model, str(folder), tmp_path, batch_size=4, imgsz=IMGSZ)
+    (tmp_path / "cut_short.parquet").write_bytes(b"PAR1 and no footer")
+    files = ray.data.read_binary_files(paths, include_paths=True)
+    second = predict_dataset(model, files, tmp_path, batch_size=4, imgsz=IMGSZ)
+    assert not (tmp_path / "cut_short.parquet").exists()
     assert (second.images, second.failures, second.already_written) == (len(paths) - 12, 2, 12)
     assert first.detections + second.detections == sum(len(e[2]) for e in expected.values())
     assert_rows_match(output_rows(tmp_path), expected, folder)
 
     third = predict_dataset(model, str(folder), tmp_path, batch_size=4, imgsz=IMGSZ)
     assert (third.images, third.already_written) == (0, len(paths))
+
+
+@pytest.mark.parametrize("config", ["yolo11n-pose.yaml", "yolo11n-seg.yaml"])
+def test_predictor_keypoints_and_polygons(config, folder):
+    """Pose and Segment models: each box's keypoints (``Results.keypoints.data``) and outline (``masks.xy``). The
+    three images have three sizes, so each is predicted alone, as ``model.predict(path)`` predicts it: same order."""
+    model = detecting_model("cpu", config=config, logit_scale=1e7)
+    paths = sorted(str(p) for p in folder.glob("img_0000[0-2]_*.jpg"))
+    rows = Predictor(model, imgsz=IMGSZ, decode_threads=2)({"path": np.array(paths, dtype=object)}).to_pylist()
+    for path, row in zip(paths, rows):
+        result = model.predict(path, imgsz=IMGSZ, verbose=False)[0]
+        assert len(row["conf"]) == len(result.boxes) > 0, path
+        if config.endswith("pose.yaml"):
+            np.testing.assert_allclose(np.array(row["keypoints"]), result.keypoints.data.numpy(), atol=1e-3)
+        else:
+            assert len(row["polygons"]) == len(result.masks.xy)
+            for ours, stock in zip(row["polygons"], result.masks.xy):
+                np.testing.assert_allclose(np.array(ours).reshape(-1, 2), stock, atol=1e-3)
 
 
 def _actor_pids() -> list[int]:

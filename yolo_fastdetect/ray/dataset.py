@@ -123,10 +123,9 @@ def _counts(table: pa.Table) -> tuple[int, int, int]:
     return table.num_rows, int(pc.sum(table["detections"]).as_py() or 0), table.num_rows - table["error"].null_count
 
 
-def _positive(name: str, value) -> int:
+def _check_positive(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"predict_dataset: {name} must be a positive integer, got {value!r}")
-    return value
 
 
 def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, num_gpus: int | None = None,
@@ -156,19 +155,20 @@ def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, 
     Examples:
         >>> summary = predict_dataset("yolo11n.pt", "images/", "detections/", batch_size=64, quantize=16)
         >>> print(summary)
-        100000 images (3 failed), 512734 detections in 120.4 s (830.6 images/s) on 1 GPU; 0 already in the output
+        100000 images (3 failed), 512734 detections in 120.4 s (830.6 images/s) on 1 GPU; 0 already in the output before
     """
     import ray
     from ultralytics.cfg import get_cfg
 
-    _positive("batch_size", batch_size)
-    _positive("cpu_actors", cpu_actors)
+    _check_positive("batch_size", batch_size)
+    _check_positive("cpu_actors", cpu_actors)
     if num_gpus is not None and (isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 0):
         raise ValueError(f"predict_dataset: num_gpus must be a non-negative integer or None, got {num_gpus!r}")
     if output_format not in FORMATS:
         raise ValueError(f"predict_dataset: output_format must be one of {', '.join(FORMATS)}, got {output_format!r}")
     get_cfg(overrides=predict_args)  # Ultralytics' own error for an argument it does not know, before any work
     model = shippable(model)
+    paths = None if isinstance(source, ray.data.Dataset) else image_paths(source)
 
     output = Path(output)
     before = written(output, output_format)
@@ -176,20 +176,21 @@ def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, 
     if not ray.is_initialized():
         ray.init()  # reads RAY_ADDRESS; without it, a local cluster of this machine
     gpus = int(ray.cluster_resources().get("GPU", 0)) if num_gpus is None else num_gpus
+    actors = gpus or cpu_actors
 
     begin = time.perf_counter()
-    if isinstance(source, ray.data.Dataset):
+    if paths is None:
         if "path" not in source.columns():
             raise ValueError(f"predict_dataset: a Dataset source needs a 'path' column, got {source.columns()}")
-        dataset = source.filter(lambda row: row["path"] not in done) if done else source
+        from ray.data.expressions import col
+
+        dataset = source.filter(expr=col("path").not_in(sorted(done))) if done else source  # vectorised in Arrow
     else:
-        paths = image_paths(source)
         todo = [path for path in paths if path not in done]
         if not todo:
-            return Summary(0, 0, 0, before.num_rows, time.perf_counter() - begin, gpus or cpu_actors, bool(gpus))
+            return Summary(0, 0, 0, before.num_rows, time.perf_counter() - begin, actors, bool(gpus))
         dataset = ray.data.from_items([{"path": path} for path in todo])
 
-    actors = gpus or cpu_actors
     detections = dataset.map_batches(
         Predictor,
         fn_constructor_args=(model,),
