@@ -154,36 +154,48 @@ def test_predictor_keypoints_and_polygons(config, folder):
                 np.testing.assert_allclose(np.array(ours).reshape(-1, 2), stock, atol=1e-3)
 
 
-def _actor_pids() -> list[int]:
-    """Process ids of the live Predictor actors (Ray titles an actor's process after its class)."""
+def _actor_pids(session_dir: str) -> list[int]:
+    """Process ids of this cluster's live Predictor actors: Ray titles an actor's process after its class, and names
+    each worker's log after its process id (other clusters on this machine keep theirs)."""
     pids = []
-    for entry in Path("/proc").iterdir():
+    for log in Path(session_dir, "logs").glob("python-core-worker-*.log"):
+        pid = log.stem.rpartition("_")[2]
         try:
-            if entry.name.isdigit() and b"MapBatches(Predictor)" in (entry / "cmdline").read_bytes():
-                pids.append(int(entry.name))
+            if b"MapBatches(Predictor)" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                pids.append(int(pid))
         except OSError:
-            continue  # the process ended while we looked
+            continue  # that worker has ended
     return pids
 
 
 def test_killed_actor_loses_and_duplicates_nothing(cluster, model, folder, expected, tmp_path):
-    """SIGKILL the actor once it has written some batches: Ray restarts it and retries its batches; every file is
-    in the output exactly once, with the same detections."""
+    """SIGKILL the actor once a batch has been written: Ray starts another and retries the batches it held; every
+    file is in the output exactly once, with the same detections."""
     outcome = {}
-    run = threading.Thread(target=lambda: outcome.update(summary=predict_dataset(
-        model, str(folder), tmp_path, batch_size=2, imgsz=IMGSZ, decode_threads=1)))
+
+    def predict() -> None:
+        try:  # batch 1: many batches, so that the kill lands mid-run
+            outcome["summary"] = predict_dataset(model, str(folder), tmp_path, batch_size=1, imgsz=IMGSZ,
+                                                 decode_threads=1)
+        except Exception as error:  # noqa: BLE001 - reported by the assertion below
+            outcome["error"] = error
+
+    run = threading.Thread(target=predict)
     run.start()
-    killed, written_at_kill = None, 0
-    while run.is_alive() and killed is None:
-        pids = _actor_pids()
-        written_at_kill = len(list(tmp_path.glob("*.parquet")))
-        if pids and written_at_kill >= 2:
+    killed, written_at_kill, later_actors = None, 0, set()
+    while run.is_alive():
+        pids = _actor_pids(cluster.address_info["session_dir"])
+        if killed is None and pids and (written_at_kill := len(list(tmp_path.glob("*.parquet")))) >= 1:
             killed = pids[0]
             os.kill(killed, signal.SIGKILL)
+        elif killed is not None:
+            later_actors.update(set(pids) - {killed})
         time.sleep(0.02)
-    run.join(timeout=300)
+    run.join()
     assert killed is not None, "the run ended before the actor could be killed"
     assert written_at_kill < len(expected) + len(BROKEN), "the kill came after the last batch"
+    assert later_actors, "no actor took over after the kill"
+    assert "summary" in outcome, f"the run failed: {outcome.get('error')!r}"
     assert outcome["summary"].images == len(expected) + len(BROKEN)
     assert_rows_match(output_rows(tmp_path), expected, folder)
 
@@ -213,7 +225,8 @@ def test_predict_many_command(cluster, model, folder, tmp_path):
         path: len(r.boxes) for path, r in reference.items()}
 
 
-def test_bad_arguments_are_named(cluster, model, folder, tmp_path):
+def test_bad_arguments_are_named(model, folder, tmp_path):
+    """Each is refused before a cluster starts (none is needed here), with the argument's name."""
     with pytest.raises(ValueError, match="batch_size must be a positive integer"):
         predict_dataset(model, str(folder), tmp_path, batch_size=0)
     with pytest.raises(ValueError, match="output_format must be one of parquet, json"):
@@ -224,6 +237,8 @@ def test_bad_arguments_are_named(cluster, model, folder, tmp_path):
         predict_dataset(model, 3, tmp_path)
     with pytest.raises(FileNotFoundError):
         predict_dataset(model, str(folder / "nothing_here"), tmp_path)
+    with pytest.raises(ValueError, match="model task 'obb' is not supported"):
+        Predictor("yolo11n-obb.yaml")
     help_run = subprocess.run([sys.executable, "-m", "yolo_fastdetect", "predict-many", "--help"], capture_output=True,
                               text=True, env=subprocess_env())
     assert help_run.returncode == 0 and "usage: yolo-fastdetect predict-many" in help_run.stdout

@@ -158,6 +158,7 @@ def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, 
         100000 images (3 failed), 512734 detections in 120.4 s (830.6 images/s) on 1 GPU; 0 already in the output before
     """
     import ray
+    import ray.data
     from ultralytics.cfg import get_cfg
 
     _check_positive("batch_size", batch_size)
