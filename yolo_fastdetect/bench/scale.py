@@ -70,10 +70,11 @@ def compare(ours: dict, stock: dict) -> dict:
 
 def run(args) -> dict:
     import ray
+    import ray.data
 
     cuda = args.device == "cuda"
     options = {"device": args.device, "verbose": False, "imgsz": args.imgsz, "quantize": 16 if cuda else None}
-    ray_options = {"imgsz": args.imgsz, "quantize": options["quantize"]} | ({} if cuda else {"device": "cpu"})
+    ray_options = {"imgsz": args.imgsz, "quantize": options["quantize"]}  # predict_dataset picks the devices
     gpus = args.gpus if cuda else 0
     model = detecting_model(args.model)
     with tempfile.TemporaryDirectory(prefix="yfd_bench_scale_") as scratch:

@@ -195,7 +195,8 @@ def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, 
     detections = dataset.map_batches(
         Predictor,
         fn_constructor_args=(model,),
-        fn_constructor_kwargs={"decode_threads": decode_threads, **predict_args},
+        # CPU actors on a machine with GPUs must not take one that Ray did not give them.
+        fn_constructor_kwargs={"decode_threads": decode_threads, "device": None if gpus else "cpu", **predict_args},
         batch_size=batch_size,
         batch_format="numpy",
         num_cpus=1,

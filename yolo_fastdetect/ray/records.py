@@ -73,7 +73,7 @@ def to_table(paths: Sequence[str], outcomes: Sequence, table_schema: pa.Schema) 
         "path": pa.array(paths, pa.string()),
         "width": pa.array([r.orig_shape[1] if r is not None else None for r in results], pa.int32()),
         "height": pa.array([r.orig_shape[0] if r is not None else None for r in results], pa.int32()),
-        "xyxy": _points(np.split(xyxy, np.cumsum(counts)[:-1]) if counts else [], 4),
+        "xyxy": _lists(counts, pa.FixedSizeListArray.from_arrays(pa.array(xyxy.reshape(-1), pa.float32()), 4)),
         "conf": _lists(counts, pa.array(conf, pa.float32())),
         "class_id": _lists(counts, pa.array(class_id, pa.int32())),
         "class_name": _lists(counts, pa.array([n[c] for n, c in zip(names, class_id.tolist())], pa.string())),
