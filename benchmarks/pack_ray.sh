@@ -27,4 +27,5 @@ cd - > /dev/null
 [ "${NO_TAR:-0}" = 1 ] && { echo "$(du -sh "$site" | cut -f1) unpacked in $site"; exit 0; }
 mkdir -p .ray
 tar -cf - -C "$site" . | xz -T0 -9 > .ray/ray-pack.tar.xz
-echo "$(du -sh "$site" | cut -f1) unpacked in $site; $(du -h .ray/ray-pack.tar.xz | cut -f1) packed: .ray/ray-pack.tar.xz"
+echo "$(du -sh "$site" | cut -f1) unpacked in $site; $(du -h .ray/ray-pack.tar.xz | cut -f1) packed:" \
+  ".ray/ray-pack.tar.xz"

@@ -57,7 +57,8 @@ class Summary:
     def __str__(self) -> str:
         where = f"{self.actors} GPU{'s' * (self.actors > 1)}" if self.gpus else f"{self.actors} CPU actor(s)"
         return (f"{self.images} images ({self.failures} failed), {self.detections} detections in {self.seconds:.1f} s "
-                f"({self.images_per_second:.1f} images/s) on {where}; {self.already_written} already in the output before")
+                f"({self.images_per_second:.1f} images/s) on {where}; "
+                f"{self.already_written} already in the output before")
 
 
 def image_paths(source: str | Path | list | tuple) -> list[str]:
