@@ -17,7 +17,9 @@ import cv2
 import numpy as np
 
 from ..sources import OrderedPrefetch
-from ..sources import files  # its _decode is the folder source's: Ultralytics' imread, PIL plugins kept serial
+# files._decode is the folder source's decode: Ultralytics' imread, PIL plugins kept serial (no upload-ahead here:
+# the actor hands model.predict decoded arrays).
+from ..sources import files
 
 
 def decode_bytes(data: bytes, path: str, flags: int = cv2.IMREAD_COLOR) -> np.ndarray | None:
@@ -33,14 +35,14 @@ def decode_bytes(data: bytes, path: str, flags: int = cv2.IMREAD_COLOR) -> np.nd
     with tempfile.NamedTemporaryFile(suffix=Path(path).suffix) as file:
         file.write(data)
         file.flush()
-        return files._decode(file.name, flags)
+        return files._decode(file.name, flags, None)
 
 
 def _decode_row(row: tuple[str, bytes | None], flags: int) -> np.ndarray | str:
     """One row's image, or why it has none."""
     path, data = row
     try:
-        image = files._decode(path, flags) if data is None else decode_bytes(data, path, flags)
+        image = files._decode(path, flags, None) if data is None else decode_bytes(data, path, flags)
     except Exception as error:  # noqa: BLE001 - a decoder's own failure is this row's error, not the job's
         return f"image read error: {path}: {type(error).__name__}: {error}"
     if image is not None:
