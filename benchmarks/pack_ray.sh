@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 version="${1:-3.12}"
 site="${2:-$(mktemp -d)/site}"
 wheels="$(mktemp -d)"
+trap 'rm -rf "$wheels"' EXIT
 platforms=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64)
 target_args=(--only-binary=:all: --python-version "$version" --implementation cp "${platforms[@]/#/--platform=}")
 python3 -m pip download -q -d "$wheels" "${target_args[@]}" "ray[data]>=2.60"
