@@ -2,13 +2,14 @@
 # Packs ray[data] and its dependencies, pruned, as .ray/ray-pack.tar.xz (under the device tool's 64 MiB carry), for a
 # machine without network: `bash benchmarks/pack_ray.sh [PYTHON_VERSION (3.12)] [TARGET_DIR (for a test unpacked)]`.
 # There: `mkdir -p /tmp/site && tar -xJf .ray/ray-pack.tar.xz -C /tmp/site` and put /tmp/site first on PYTHONPATH.
-# NO_TAR=1 only installs and prunes (to try the pruned packages here with the local Python's version).
+# NO_TAR=1 only installs and prunes into TARGET_DIR (to try the pruned packages here with the local Python's version).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version="${1:-3.12}"
-site="${2:-$(mktemp -d)/site}"
+keep_site="${2:-}"  # without it, the unpacked packages are removed once packed
+site="${keep_site:-$(mktemp -d)/site}"
 wheels="$(mktemp -d)"
-trap 'rm -rf "$wheels"' EXIT
+trap 'rm -rf "$wheels"; [ -n "$keep_site" ] || rm -rf "$(dirname "$site")"' EXIT
 platforms=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64)
 target_args=(--only-binary=:all: --python-version "$version" --implementation cp "${platforms[@]/#/--platform=}")
 python3 -m pip download -q -d "$wheels" "${target_args[@]}" "ray[data]>=2.60"
