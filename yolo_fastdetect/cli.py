@@ -3,7 +3,8 @@
 ``yolo-fastdetect predict model=yolo12n.pt source=0 quantize=16`` (and ``val``, ``track``, ``train``, ``export``,
 ``help``, ...) takes exactly the ``yolo`` syntax and runs Ultralytics' own entrypoint, so saving, streaming, the
 run folder and every message are those of ``yolo``. ``export`` runs stock: an exported model must not depend on
-this package. The commands of its own are ``build``, ``info`` and ``bench NAME``.
+this package. The commands of its own are ``build``, ``info``, ``bench NAME`` and ``predict-many`` (Ray Data,
+:mod:`yolo_fastdetect.ray.cli`).
 
 ``patch_yolo_command()`` is also what the start-up hook (``patches/yolo_fastdetect_hook.pth``) calls when the plain
 ``yolo`` command runs with ``YOLO_FASTDETECT=1``.
@@ -12,6 +13,7 @@ this package. The commands of its own are ``build``, ``info`` and ``bench NAME``
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import pkgutil
 import site
@@ -25,6 +27,9 @@ usage: yolo-fastdetect MODE [key=value ...]    the `yolo` command with yolo_fast
          yolo-fastdetect predict model=yolo12n.pt source=0 quantize=16
          yolo-fastdetect val model=yolo12n.pt data=coco8.yaml
          (`export` runs stock; `yolo-fastdetect help` shows Ultralytics' help)
+       yolo-fastdetect predict-many model=... source=... output=... [key=value ...]
+                                               predict a folder of images on a Ray cluster, one actor per GPU
+                                               (the [ray] extra; `predict-many --help` lists its keys)
        yolo-fastdetect build [--cuda]          compile the operators now (--cuda: CUDA kernels without a GPU here,
                                                for TORCH_CUDA_ARCH_LIST or sm_90: a Docker image, say)
        yolo-fastdetect info                    versions, GPU, operators built, patch state, `yolo` hook
@@ -56,6 +61,8 @@ def main(argv: list[str] | None = None) -> None:
             _info()
     elif command == "bench":
         _bench(argv[1:])
+    elif command == "predict-many":
+        _predict_many(argv[1:])
     else:
         run_yolo(argv)
 
@@ -174,6 +181,16 @@ def _info() -> None:
     hook = installed_hook()
     print(f"yolo hook: installed ({hook}); `YOLO_FASTDETECT=1 yolo ...` runs patched" if hook
           else "yolo hook: not installed (install the package with pip to get it)")
+
+
+def _predict_many(argv: list[str]) -> None:
+    """Run ``yolo_fastdetect.ray.cli.main(argv)``; without Ray, say how to install it."""
+    if importlib.util.find_spec("ray") is None:  # looked up, not imported: `--help` stays fast
+        raise SystemExit("yolo-fastdetect predict-many needs Ray: pip install 'yolo-fastdetect[ray]' "
+                         "(or pip install 'ray[data]')")
+    from .ray import cli
+
+    cli.main(argv)
 
 
 def _bench(argv: list[str]) -> None:

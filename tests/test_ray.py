@@ -1,0 +1,244 @@
+"""``yolo_fastdetect.ray`` on a local Ray cluster (``ray.init(num_cpus=2)``, CPU actors): its detections against
+single-process ``model.predict`` on the same files (same paths, boxes, scores, classes), unreadable files as error
+rows, resume, an actor killed mid-run (no image lost or written twice), the ``predict-many`` command.
+
+The images are made from the wheel's two assets in three sizes (so that batches mix sizes), with a corrupt and an
+empty file. ``model.predict`` here runs in this process with the patch on, as the actors do; the actors predict
+whole batches, the reference one file at a time, so boxes are compared within 1e-3 px and scores within 1e-5
+(batched CPU convolutions may round differently), the rest exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]' (the [ray] extra)")
+import pyarrow.parquet as pq  # noqa: E402 - Ray's dependency, only there with it
+
+from conftest import detecting_model, subprocess_env  # noqa: E402
+from yolo_fastdetect.bench._source_data import write_jpegs  # noqa: E402
+from yolo_fastdetect.ray import Predictor, predict_dataset, written  # noqa: E402
+
+IMGSZ = 160  # small inputs keep 2 CPU cores fast enough; nothing here depends on the size
+SIZES = ((320, 240), (256, 192), (240, 320))
+BROKEN = ("y_corrupt.jpg", "z_empty.jpg")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    """30 JPEGs of three sizes, then a corrupt and an empty file (a folder lists them last, by name)."""
+    root = tmp_path_factory.mktemp("ray_images")
+    write_jpegs(root, 30, sizes=SIZES, qualities=(90,), seed=1)
+    (root / BROKEN[0]).write_bytes(b"\xff\xd8 not a JPEG " + bytes(range(256)))
+    (root / BROKEN[1]).write_bytes(b"")
+    return root
+
+
+@pytest.fixture(scope="module")
+def model():
+    return detecting_model("cpu", logit_scale=1e7)  # scores without ties: the same boxes in the same order
+
+
+@pytest.fixture(scope="module")
+def expected(model, folder) -> dict[str, tuple]:
+    """Single-process ``model.predict`` on the folder, one file at a time: path -> (size, xyxy, conf, class ids)."""
+    model.predictor = None
+    return {r.path: ((r.orig_shape[1], r.orig_shape[0]), r.boxes.xyxy.numpy(), r.boxes.conf.numpy(),
+                     r.boxes.cls.numpy().astype(np.int32))
+            for r in model.predict(str(folder), stream=True, batch=1, imgsz=IMGSZ, verbose=False)}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A local cluster of 2 CPUs, started once for the module; workers import this checkout and the tests."""
+    tests = Path(__file__).parent
+    os.environ["PYTHONPATH"] = subprocess_env(PYTHONPATH=os.pathsep.join(
+        filter(None, [str(tests.parent), str(tests), os.environ.get("PYTHONPATH")])))["PYTHONPATH"]
+    context = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    yield context
+    ray.shutdown()
+
+
+def output_rows(output: Path) -> dict[str, dict]:
+    """Every row of a Parquet output folder, by path (asserting that no path is there twice)."""
+    rows = pq.read_table(output).to_pylist()
+    paths = [row["path"] for row in rows]
+    assert len(paths) == len(set(paths)), "a path was written twice"
+    return {row["path"]: row for row in rows}
+
+
+def canonical(xyxy, conf, classes) -> np.ndarray:
+    """Boxes as (n, 6) [conf, class, x1, y1, x2, y2] rows in one order: NMS keeps boxes of equal score in either
+    order (the scores saturate at the same float for some boxes)."""
+    table = np.column_stack([np.asarray(conf, np.float64), classes, np.asarray(xyxy, np.float64).reshape(-1, 4)])
+    return table[np.lexsort([*np.round(table[:, :0:-1].T, 1), np.round(-table[:, 0], 4)])]
+
+
+def assert_rows_match(rows: dict[str, dict], expected: dict[str, tuple], folder: Path) -> None:
+    """Rows for exactly the folder's files: stock's detections for the images, an error for the broken files."""
+    assert sorted(rows) == sorted([*expected, *(str(folder / name) for name in BROKEN)])
+    for path, (size, *boxes) in expected.items():
+        row = rows[path]
+        assert row["error"] is None and (row["width"], row["height"]) == size, path
+        ours, stock = canonical(row["xyxy"], row["conf"], row["class_id"]), canonical(*boxes)
+        assert ours.shape == stock.shape and (ours[:, 1] == stock[:, 1]).all(), path
+        np.testing.assert_allclose(ours[:, 2:], stock[:, 2:], atol=1e-3, err_msg=path)
+        np.testing.assert_allclose(ours[:, 0], stock[:, 0], atol=1e-5, err_msg=path)
+    assert sum(len(e[2]) for e in expected.values()) > 100, "the model should detect something on the images"
+    for name in BROKEN:
+        row = rows[str(folder / name)]
+        assert row["error"] == f"image read error: {folder / name}" and row["conf"] == [] and row["width"] is None
+
+
+def test_predictor_rows_match_predict(model, folder, expected):
+    """The map_batches class on its own, in this process: a mixed batch of paths, of bytes, and a missing file."""
+    paths = sorted(str(p) for p in folder.iterdir()) + [str(folder / "missing.jpg")]
+    predictor = Predictor(model, imgsz=IMGSZ, decode_threads=2)
+    by_path = predictor({"path": np.array(paths, dtype=object)})
+    contents = np.array([Path(p).read_bytes() for p in paths[:-1]] + [b""], dtype=object)
+    by_bytes = predictor({"path": np.array(paths, dtype=object), "bytes": contents})
+
+    rows = {row["path"]: row for row in by_path.to_pylist()}
+    assert rows.pop(paths[-1])["error"] == f"file not found: {paths[-1]}"
+    assert_rows_match(rows, expected, folder)
+    assert by_bytes.drop_columns("error").equals(by_path.drop_columns("error"))
+    assert by_bytes["error"].to_pylist()[:-1] == by_path["error"].to_pylist()[:-1]
+
+
+def test_predict_dataset_matches_predict_and_resumes(cluster, model, folder, expected, tmp_path):
+    """A list of 12 paths, then every file as a Dataset of bytes, then the folder, into one output: each run predicts
+    only what is not there yet (resume; a file cut short by a crash is dropped), and the output holds each file once,
+    with stock's detections and the broken files' errors."""
+    paths = sorted(str(p) for p in folder.iterdir())
+    first = predict_dataset(model, paths[:12], tmp_path, batch_size=4, imgsz=IMGSZ)
+    assert (first.images, first.failures, first.already_written) == (12, 0, 0)
+    assert first.detections == sum(len(expected[p][2]) for p in paths[:12])
+
+    (tmp_path / "cut_short.parquet").write_bytes(b"PAR1 and no footer")
+    files = ray.data.read_binary_files(paths, include_paths=True)
+    second = predict_dataset(model, files, tmp_path, batch_size=4, imgsz=IMGSZ)
+    assert not (tmp_path / "cut_short.parquet").exists()
+    assert (second.images, second.failures, second.already_written) == (len(paths) - 12, 2, 12)
+    assert first.detections + second.detections == sum(len(e[2]) for e in expected.values())
+    assert_rows_match(output_rows(tmp_path), expected, folder)
+
+    third = predict_dataset(model, str(folder), tmp_path, batch_size=4, imgsz=IMGSZ)
+    assert (third.images, third.already_written) == (0, len(paths))
+
+
+@pytest.mark.parametrize("config", ["yolo11n-pose.yaml", "yolo11n-seg.yaml"])
+def test_predictor_keypoints_and_polygons(config, folder):
+    """Pose and Segment models: each box's keypoints (``Results.keypoints.data``) and outline (``masks.xy``). The
+    three images have three sizes, so each is predicted alone, as ``model.predict(path)`` predicts it: same order."""
+    model = detecting_model("cpu", config=config, logit_scale=1e7)
+    paths = sorted(str(p) for p in folder.glob("img_0000[0-2]_*.jpg"))
+    rows = Predictor(model, imgsz=IMGSZ, decode_threads=2)({"path": np.array(paths, dtype=object)}).to_pylist()
+    for path, row in zip(paths, rows):
+        result = model.predict(path, imgsz=IMGSZ, verbose=False)[0]
+        assert len(row["conf"]) == len(result.boxes) > 0, path
+        if config.endswith("pose.yaml"):
+            np.testing.assert_allclose(np.array(row["keypoints"]), result.keypoints.data.numpy(), atol=1e-3)
+        else:
+            assert len(row["polygons"]) == len(result.masks.xy)
+            for ours, stock in zip(row["polygons"], result.masks.xy):
+                np.testing.assert_allclose(np.array(ours).reshape(-1, 2), stock, atol=1e-3)
+
+
+def _actor_pids(session_dir: str) -> list[int]:
+    """Process ids of this cluster's live Predictor actors: Ray titles an actor's process after its class, and names
+    each worker's log after its process id (other clusters on this machine keep theirs)."""
+    pids = []
+    for log in Path(session_dir, "logs").glob("python-core-worker-*.log"):
+        pid = log.stem.rpartition("_")[2]
+        try:
+            if b"MapBatches(Predictor)" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                pids.append(int(pid))
+        except OSError:
+            continue  # that worker has ended
+    return pids
+
+
+def test_killed_actor_loses_and_duplicates_nothing(cluster, model, folder, expected, tmp_path):
+    """SIGKILL the actor once a batch has been written: Ray starts another and retries the batches it held; every
+    file is in the output exactly once, with the same detections."""
+    outcome = {}
+
+    def predict() -> None:
+        try:  # batch 1: many batches, so that the kill lands mid-run
+            outcome["summary"] = predict_dataset(model, str(folder), tmp_path, batch_size=1, imgsz=IMGSZ,
+                                                 decode_threads=1)
+        except Exception as error:  # noqa: BLE001 - reported by the assertion below
+            outcome["error"] = error
+
+    run = threading.Thread(target=predict)
+    run.start()
+    killed, written_at_kill, later_actors = None, 0, set()
+    while run.is_alive():
+        pids = _actor_pids(cluster.address_info["session_dir"])
+        if killed is None and pids and (written_at_kill := len(list(tmp_path.glob("*.parquet")))) >= 1:
+            killed = pids[0]
+            os.kill(killed, signal.SIGKILL)
+        elif killed is not None:
+            later_actors.update(set(pids) - {killed})
+        time.sleep(0.02)
+    run.join()
+    assert killed is not None, "the run ended before the actor could be killed"
+    assert written_at_kill < len(expected) + len(BROKEN), "the kill came after the last batch"
+    assert later_actors, "no actor took over after the kill"
+    assert "summary" in outcome, f"the run failed: {outcome.get('error')!r}"
+    assert outcome["summary"].images == len(expected) + len(BROKEN)
+    assert_rows_match(output_rows(tmp_path), expected, folder)
+
+
+def test_predict_many_command(cluster, model, folder, tmp_path):
+    """The console command, connected to this cluster through RAY_ADDRESS, with a saved model and JSON lines out;
+    its rows match ``model.predict`` of the same saved model."""
+    from ultralytics import YOLO
+
+    weights = tmp_path / "model.pt"
+    model.save(weights)  # Ultralytics saves the weights in fp16: the reference loads the same file
+    output = tmp_path / "out"
+    images = sorted(folder.glob("img_0000*.jpg"))
+    list_file = tmp_path / "images.txt"
+    list_file.write_text("\n".join(map(str, images)) + "\n")
+    command = [sys.executable, "-m", "yolo_fastdetect", "predict-many", f"model={weights}", f"source={list_file}",
+               f"output={output}", "format=json", "batch=4", f"imgsz={IMGSZ}"]
+    environment = subprocess_env(RAY_ADDRESS=cluster.address_info["address"])
+    result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"predict-many: {len(images)} images (0 failed)" in result.stdout
+
+    reference = {r.path: r for r in YOLO(weights).predict([str(p) for p in images], imgsz=IMGSZ, verbose=False)}
+    rows = written(output, "json")
+    assert sorted(rows["path"].to_pylist()) == sorted(reference)
+    assert dict(zip(rows["path"].to_pylist(), rows["detections"].to_pylist())) == {
+        path: len(r.boxes) for path, r in reference.items()}
+
+
+def test_bad_arguments_are_named(model, folder, tmp_path):
+    """Each is refused before a cluster starts (none is needed here), with the argument's name."""
+    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+        predict_dataset(model, str(folder), tmp_path, batch_size=0)
+    with pytest.raises(ValueError, match="output_format must be one of parquet, json"):
+        predict_dataset(model, str(folder), tmp_path, output_format="csv")
+    with pytest.raises(SyntaxError, match="'imgsize' is not a valid YOLO argument"):
+        predict_dataset(model, str(folder), tmp_path, imgsize=IMGSZ)
+    with pytest.raises(TypeError, match="source must be a folder"):
+        predict_dataset(model, 3, tmp_path)
+    with pytest.raises(FileNotFoundError):
+        predict_dataset(model, str(folder / "nothing_here"), tmp_path)
+    with pytest.raises(ValueError, match="model task 'obb' is not supported"):
+        Predictor("yolo11n-obb.yaml")
+    help_run = subprocess.run([sys.executable, "-m", "yolo_fastdetect", "predict-many", "--help"], capture_output=True,
+                              text=True, env=subprocess_env())
+    assert help_run.returncode == 0 and "usage: yolo-fastdetect predict-many" in help_run.stdout

@@ -1,0 +1,146 @@
+"""``python -m yolo_fastdetect bench scale``: ``predict_dataset`` (Ray Data, one actor per GPU) against plain
+``model.predict`` on the same folder, in images per second.
+
+It writes ``--images`` JPEGs of ``--sizes`` (random crops of the wheel's images; ``--keep DIR`` keeps them) and
+predicts the folder at ``--batch`` with the same model and arguments (fp16 on CUDA), with the patch on both sides:
+
+- ``model.predict(folder, stream=True)`` in this process: an untimed pass, then the median of ``--repeats``;
+- ``predict_dataset`` on a local Ray cluster of this machine (or the one ``RAY_ADDRESS`` names) with ``--gpus``
+  actors (one per GPU; CPU actors on ``--device cpu``), into a fresh output folder each time: its wall rate (actor
+  start-up and model load included), and its steady rate, which leaves out the fixed cost: (N - batch) images over
+  the time a full run takes more than a run of one batch (medians of ``--repeats``);
+- the steady rate as a share of ``model.predict``'s (the target: at least 90 % on one GPU, batch 64), and whether
+  both wrote the same detections (same paths, box counts per image, largest box distance).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from ._source_data import write_jpegs
+from ._timing import detecting_model, environment_line
+from .e2e import detection_difference
+
+
+def predict_rate(model, folder: Path, batch: int, options: dict, repeats: int) -> tuple[float, dict]:
+    """Median images/s of ``model.predict(folder, stream=True)`` after an untimed pass; path -> (n, 6) boxes."""
+    def one_pass() -> tuple[float, dict]:
+        begin = time.perf_counter()
+        boxes = {r.path: r.boxes.data.float().cpu() for r in model.predict(str(folder), stream=True, batch=batch,
+                                                                            **options)}
+        return len(boxes) / (time.perf_counter() - begin), boxes
+
+    one_pass()
+    passes = [one_pass() for _ in range(repeats)]
+    return statistics.median(rate for rate, _ in passes), passes[-1][1]
+
+
+def dataset_seconds(model, source, output: Path, batch: int, gpus: int, options: dict) -> tuple[float, dict]:
+    """Wall seconds of one ``predict_dataset`` run into the empty folder ``output``; path -> (n, 6) boxes."""
+    import pyarrow.parquet as pq
+
+    from yolo_fastdetect.ray import predict_dataset
+
+    summary = predict_dataset(model, source, output, batch_size=batch, num_gpus=gpus, **options)
+    rows = pq.read_table(output, columns=["path", "xyxy", "conf", "class_id"]).to_pylist()
+    boxes = {row["path"]: torch.tensor([[*xyxy, conf, cls] for xyxy, conf, cls in
+                                        zip(row["xyxy"], row["conf"], row["class_id"])]).reshape(-1, 6)
+             for row in rows}
+    return summary.seconds, boxes
+
+
+def compare(ours: dict, stock: dict) -> dict:
+    """:func:`detection_difference` of two path -> boxes maps, and whether they hold the same paths."""
+    from ultralytics.engine.results import Boxes
+
+    paths = sorted(stock)
+    as_results = [[SimpleNamespace(boxes=Boxes(side.get(p, torch.zeros(0, 6)), orig_shape=(1, 1))) for p in paths]
+                  for side in (ours, stock)]
+    return {**detection_difference(*as_results), "same_paths": sorted(ours) == paths}
+
+
+def run(args) -> dict:
+    import ray
+    import ray.data
+
+    cuda = args.device == "cuda"
+    options = {"device": args.device, "verbose": False, "imgsz": args.imgsz, "quantize": 16 if cuda else None}
+    ray_options = {"imgsz": args.imgsz, "quantize": options["quantize"]}  # predict_dataset picks the devices
+    gpus = args.gpus if cuda else 0
+    model = detecting_model(args.model)
+    with tempfile.TemporaryDirectory(prefix="yfd_bench_scale_") as scratch:
+        root = Path(args.keep or scratch)
+        sizes = [tuple(int(v) for v in size.split("x")) for size in args.sizes]
+        paths = write_jpegs(root / "images", args.images, sizes=sizes)
+        single, stock = predict_rate(model, root / "images", args.batch, options, args.repeats)
+        print(f"  model.predict: {single:.1f} images/s", flush=True)
+
+        if not ray.is_initialized():
+            ray.init(num_gpus=gpus if not os.environ.get("RAY_ADDRESS") else None, include_dashboard=False)
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        runs = {"full": [], "one batch": []}
+        for repeat in range(args.repeats):
+            for name, source in (("full", str(root / "images")), ("one batch", [str(p) for p in paths[: args.batch]])):
+                seconds, boxes = dataset_seconds(model, source, root / f"out_{name.replace(' ', '_')}_{repeat}",
+                                                 args.batch, gpus, ray_options)
+                runs[name].append(seconds)
+                if name == "full":
+                    ours = boxes
+        full, one_batch = statistics.median(runs["full"]), statistics.median(runs["one batch"])
+    steady = (args.images - args.batch) / (full - one_batch)
+    result = {"model_predict": single, "dataset_wall": args.images / full, "dataset_steady": steady,
+              "share": steady / single, "seconds": runs, "gpus": gpus,
+              "actors": gpus or 1, "detections": compare(ours, stock)}
+    print(f"  predict_dataset: {result['dataset_wall']:.1f} images/s wall, {steady:.1f} steady", flush=True)
+    return result
+
+
+def markdown(result: dict, args) -> str:
+    detections = result["detections"]
+    same = "yes" if detections["same_paths"] and detections["same_counts"] else "NO"
+    where = f"{result['gpus']} GPU actor(s)" if result["gpus"] else "1 CPU actor"
+    return "\n".join([
+        f"{environment_line()} | {os.cpu_count()} CPUs | model {args.model}, imgsz {args.imgsz}, batch {args.batch} | "
+        f"{args.images} JPEGs ({', '.join(args.sizes)}) | {where}",
+        "",
+        "| model.predict img/s | predict_dataset img/s (wall) | predict_dataset img/s (steady) | steady / predict | "
+        "fixed cost (s) | same paths, counts | max box diff (px) |",
+        "|---:|---:|---:|---:|---:|---|---:|",
+        f"| {result['model_predict']:.1f} | {result['dataset_wall']:.1f} | {result['dataset_steady']:.1f} | "
+        f"{result['share']:.0%} | {statistics.median(result['seconds']['one batch']):.1f} | {same} | "
+        f"{detections['max_box_diff_px']:.2g} |",
+    ])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="yolo-fastdetect bench scale", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="yolov8s.yaml")
+    parser.add_argument("--images", type=int, default=2048)
+    parser.add_argument("--sizes", nargs="+", default=["1280x720"], help="image sizes WxH, cycled")
+    parser.add_argument("--imgsz", type=int, default=640)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--gpus", type=int, default=1, help="GPU actors (CUDA only)")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
+    parser.add_argument("--keep", type=Path, help="write the data here and keep it")
+    parser.add_argument("--json", type=Path, help="also write the raw numbers here")
+    args = parser.parse_args(argv)
+    if args.images <= args.batch:
+        parser.error(f"--images ({args.images}) must exceed --batch ({args.batch}): the steady rate needs both runs")
+    result = run(args)
+    print(markdown(result, args))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

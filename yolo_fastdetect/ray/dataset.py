@@ -1,0 +1,215 @@
+"""``predict_dataset``: the common case in one call. Files (or a Ray Dataset of rows) in, a folder of detections
+out (Parquet, or JSON lines), one actor per GPU, resumable.
+
+The work is Ray Data's: ``map_batches`` runs :class:`~.predictor.Predictor` on a fixed pool of actors (one per GPU,
+``num_gpus=1`` each; or CPU actors), streams batches through them and writes each finished block as a file. Ray
+Data restarts an actor that dies and retries its batch there (its defaults for actor pools: ``max_restarts=-1``,
+``max_task_retries=-1``); a batch's rows are written only from a batch that completed, so an image is neither lost
+nor written twice. Re-running with the same ``output`` predicts only the paths not already in it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .predictor import Predictor, shippable
+
+LOGGER = logging.getLogger(__name__)
+
+# Output formats: the suffix Ray Data gives each file, and how a file is read back for resume and the summary.
+FORMATS = {"parquet": ".parquet", "json": ".json"}
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What one :func:`predict_dataset` call did.
+
+    Attributes:
+        images (int): Images (rows) written by this call, failures included.
+        detections (int): Boxes in those rows.
+        failures (int): Rows with an ``error`` (files that were missing or did not decode).
+        already_written (int): Rows in the output before this call (resume): their images were not predicted again.
+        seconds (float): Wall time of the run, actors' start-up and model loads included.
+        actors (int): Model actors it ran (one per GPU when ``gpus``).
+        gpus (bool): Whether the actors ran on GPUs.
+    """
+
+    images: int
+    detections: int
+    failures: int
+    already_written: int
+    seconds: float
+    actors: int
+    gpus: bool
+
+    @property
+    def images_per_second(self) -> float:
+        """Images written per second of wall time."""
+        return self.images / self.seconds if self.seconds > 0 else 0.0
+
+    def __str__(self) -> str:
+        where = f"{self.actors} GPU{'s' * (self.actors > 1)}" if self.gpus else f"{self.actors} CPU actor(s)"
+        return (f"{self.images} images ({self.failures} failed), {self.detections} detections in {self.seconds:.1f} s "
+                f"({self.images_per_second:.1f} images/s) on {where}; "
+                f"{self.already_written} already in the output before")
+
+
+def image_paths(source: str | Path | list | tuple) -> list[str]:
+    """The image files of ``source``: a folder, a glob, a ``.txt`` list of paths or one image (listed as
+    ``model.predict`` lists them, in its order), or a list/tuple of paths (kept as given: a missing one becomes an
+    error row).
+
+    Examples:
+        >>> image_paths("path/to/folder")[:1]
+        ['path/to/folder/a.jpg']
+    """
+    if isinstance(source, (list, tuple)):
+        bad = next((item for item in source if not isinstance(item, (str, Path))), None)
+        if bad is not None:
+            raise TypeError(f"predict_dataset: source list items must be paths (str or Path), got {type(bad).__name__}")
+        return [os.fspath(item) for item in source]
+    if not isinstance(source, (str, Path)):
+        raise TypeError(f"predict_dataset: source must be a folder, glob, .txt list, image path, list of paths or "
+                        f"ray.data.Dataset, got {type(source).__name__}")
+    from ultralytics.data.loaders import LoadImagesAndVideos
+
+    listing = LoadImagesAndVideos(os.fspath(source))  # stock's listing and its FileNotFoundError for a bad path
+    if listing.cap:
+        listing.cap.release()
+    if listing.nf > listing.ni:
+        raise ValueError(f"predict_dataset: source {source} holds {listing.nf - listing.ni} video(s), e.g. "
+                         f"{listing.files[listing.ni]}; only images are supported (predict videos with model.predict)")
+    return listing.files[: listing.ni]
+
+
+def written(output: Path, output_format: str = "parquet") -> pa.Table:
+    """Per row already in ``output``: ``path``, ``detections`` (box count) and ``error``. A file that cannot be read
+    (a write cut short by a crash) is deleted, with a warning, so that its images are predicted again.
+
+    Examples:
+        >>> written(Path("detections/")).num_rows
+        1000
+    """
+    import pyarrow.json
+    import pyarrow.parquet
+
+    tables = []
+    for file in sorted(output.glob(f"*{FORMATS[output_format]}")):
+        try:
+            if output_format == "parquet":
+                table = pyarrow.parquet.read_table(file, columns=["path", "conf", "error"])
+            else:
+                table = pyarrow.json.read_json(file).select(["path", "conf", "error"])
+        except (pa.ArrowException, OSError, KeyError) as error:
+            LOGGER.warning(f"predict_dataset: {file} is unreadable ({error}); deleting it, its images run again")
+            file.unlink()
+            continue
+        tables.append(pa.table({"path": table["path"].cast(pa.string()),
+                                "detections": pc.list_value_length(table["conf"]).fill_null(0),
+                                "error": table["error"].cast(pa.string())}))
+    empty = pa.table({"path": pa.array([], pa.string()), "detections": pa.array([], pa.int32()),
+                      "error": pa.array([], pa.string())})
+    return pa.concat_tables(tables, promote_options="permissive") if tables else empty
+
+
+def _counts(table: pa.Table) -> tuple[int, int, int]:
+    """Rows, detections and failures of a :func:`written` table."""
+    return table.num_rows, int(pc.sum(table["detections"]).as_py() or 0), table.num_rows - table["error"].null_count
+
+
+def _check_positive(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"predict_dataset: {name} must be a positive integer, got {value!r}")
+
+
+def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, num_gpus: int | None = None,
+                    cpu_actors: int = 1, output_format: str = "parquet", decode_threads: int | None = None,
+                    **predict_args) -> Summary:
+    """Predict every image of ``source`` on a Ray cluster and write one row per image to ``output``.
+
+    Connects to the running cluster (``RAY_ADDRESS``, or a ``ray.init`` already made) or starts a local one.
+
+    Args:
+        model: A weights file or model name/YAML (every node must be able to read the file), or a ``YOLO`` object.
+        source: A folder, glob, ``.txt`` list of paths or image file, a list/tuple of paths, or a
+            ``ray.data.Dataset`` with a ``path`` column (and optionally ``bytes``: e.g.
+            ``ray.data.read_binary_files(uri, include_paths=True)`` for files that only the cluster can read).
+        output: Folder of the results (created; files already there are kept and their images skipped).
+        batch_size (int): Images per batch on an actor.
+        num_gpus (int, optional): GPUs to use, one actor each; default every GPU of the cluster. 0 (or a cluster
+            without GPUs): ``cpu_actors`` actors on the CPU.
+        cpu_actors (int): Actors when no GPU is used.
+        output_format (str): ``"parquet"`` or ``"json"`` (JSON lines).
+        decode_threads (int, optional): Decoder threads per actor (default: the node's cores, less one).
+        **predict_args: Arguments of ``model.predict`` (``imgsz``, ``conf``, ``iou``, ``quantize``, ...).
+
+    Returns:
+        (Summary): Images, detections and failures written by this call, images/s, rows already written.
+
+    Examples:
+        >>> summary = predict_dataset("yolo11n.pt", "images/", "detections/", batch_size=64, quantize=16)
+        >>> print(summary)
+        100000 images (3 failed), 512734 detections in 120.4 s (830.6 images/s) on 1 GPU; 0 already in the output before
+    """
+    import ray
+    import ray.data
+    from ultralytics.cfg import get_cfg
+
+    _check_positive("batch_size", batch_size)
+    _check_positive("cpu_actors", cpu_actors)
+    if num_gpus is not None and (isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 0):
+        raise ValueError(f"predict_dataset: num_gpus must be a non-negative integer or None, got {num_gpus!r}")
+    if output_format not in FORMATS:
+        raise ValueError(f"predict_dataset: output_format must be one of {', '.join(FORMATS)}, got {output_format!r}")
+    get_cfg(overrides=predict_args)  # Ultralytics' own error for an argument it does not know, before any work
+    model = shippable(model)
+    paths = None if isinstance(source, ray.data.Dataset) else image_paths(source)
+
+    output = Path(output)
+    before = written(output, output_format)
+    done = set(before["path"].to_pylist())
+    if not ray.is_initialized():
+        ray.init()  # reads RAY_ADDRESS; without it, a local cluster of this machine
+    gpus = int(ray.cluster_resources().get("GPU", 0)) if num_gpus is None else num_gpus
+    actors = gpus or cpu_actors
+
+    begin = time.perf_counter()
+    if paths is None:
+        if "path" not in source.columns():
+            raise ValueError(f"predict_dataset: a Dataset source needs a 'path' column, got {source.columns()}")
+        from ray.data.expressions import col
+
+        dataset = source.filter(expr=col("path").not_in(sorted(done))) if done else source  # vectorised in Arrow
+    else:
+        todo = [path for path in paths if path not in done]
+        if not todo:
+            return Summary(0, 0, 0, before.num_rows, time.perf_counter() - begin, actors, bool(gpus))
+        dataset = ray.data.from_items([{"path": path} for path in todo])
+
+    detections = dataset.map_batches(
+        Predictor,
+        fn_constructor_args=(model,),
+        # CPU actors on a machine with GPUs must not take one that Ray did not give them.
+        fn_constructor_kwargs={"decode_threads": decode_threads, "device": None if gpus else "cpu", **predict_args},
+        batch_size=batch_size,
+        batch_format="numpy",
+        num_cpus=1,
+        num_gpus=1 if gpus else None,
+        # Two calls per actor, run at once: one batch decodes while the other holds the model (see .predictor).
+        compute=ray.data.ActorPoolStrategy(size=actors, max_concurrent_calls_per_actor=2,
+                                           enable_true_multi_threading=True),
+    )
+    getattr(detections, f"write_{output_format}")(str(output))
+    seconds = time.perf_counter() - begin
+
+    after = written(output, output_format)
+    (rows, boxes, failures), (rows_before, boxes_before, failures_before) = _counts(after), _counts(before)
+    return Summary(rows - rows_before, boxes - boxes_before, failures - failures_before, rows_before, seconds, actors,
+                   bool(gpus))
