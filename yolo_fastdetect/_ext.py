@@ -61,9 +61,9 @@ def _sources(with_cuda: bool) -> list[Path]:
 
 
 def _headers() -> list[Path]:
-    """The headers the sources include: ``common.h`` and each operator family's."""
+    """The headers the sources include: ``common.h``, each operator family's, and the CUDA-only ``.cuh``."""
     root = source_dir()
-    return sorted([*root.glob("*.h"), *root.glob("*/*.h")])
+    return sorted([*root.glob("*.h"), *root.glob("*/*.h"), *root.glob("*/*.cuh")])
 
 
 def _cuda_home() -> str | None:
