@@ -3,6 +3,7 @@ Ultralytics running stock with one warning that names the compiler log."""
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import shutil
 import subprocess
@@ -207,3 +208,30 @@ def test_build_key_and_cuda_choice(monkeypatch, tmp_path):
     assert _ext._builds_cuda()
     monkeypatch.setenv("YOLO_FASTDETECT_CPU_ONLY", "1")
     assert not _ext._builds_cuda()
+
+
+def _matches(path: str, pattern: str) -> bool:
+    """Whether ``path`` matches a package-data ``pattern`` as setuptools globs it (``*`` within one folder)."""
+    parts, pattern_parts = path.split("/"), pattern.split("/")
+    return len(parts) == len(pattern_parts) and all(map(fnmatch.fnmatchcase, parts, pattern_parts))
+
+
+def test_every_source_file_is_packaged_and_in_the_build_key(monkeypatch, tmp_path):
+    """Every file under csrc/ is installed with the package (pyproject's package data) and is part of the build key,
+    so that a change to any of them, a header included, builds the operators anew."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 and later
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["yolo_fastdetect.csrc"]
+    shutil.copytree(_ext.source_dir(), tmp_path / "csrc", ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(_ext, "source_dir", lambda: tmp_path / "csrc")
+    files = sorted(path for path in (tmp_path / "csrc").rglob("*") if path.is_file())
+    names = [path.relative_to(tmp_path / "csrc").as_posix() for path in files]
+    assert "common.h" in names and "roi_align/roi_align_cuda.cu" in names
+    assert [name for name in names if not any(_matches(name, pattern) for pattern in patterns)] == []
+    key = _ext.build_dir(with_cuda=True)
+    for path, name in zip(files, names):
+        text = path.read_text()
+        path.write_text(text + "\n// edited\n")
+        assert _ext.build_dir(with_cuda=True) != key, f"{name} is not part of the build key"
+        path.write_text(text)
+    assert _ext.build_dir(with_cuda=True) == key

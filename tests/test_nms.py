@@ -366,13 +366,9 @@ def test_patch_apply_revert(nms_patch):
 def test_enable_disable_switch_the_nms(nms_patch):
     import yolo_fastdetect
 
-    was_enabled = yolo_fastdetect.is_enabled()
-    try:
-        yolo_fastdetect.disable()
+    with yolo_fastdetect.disabled():
         assert not nms_patch.is_applied()
         assert yolo_fastdetect.enable() and nms_patch.is_applied()
-    finally:
-        yolo_fastdetect.enable() if was_enabled else yolo_fastdetect.disable()
 
 
 @pytest.mark.parametrize("device", devices())

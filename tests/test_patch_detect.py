@@ -220,6 +220,24 @@ def test_enable_disable_round_trip():
     assert Detect.__dict__["_inference"] is original
 
 
+def test_disabled_restores_the_state_before_it():
+    original = detect_head._ORIGINALS["_inference"]
+    assert yolo_fastdetect.is_enabled()
+    with yolo_fastdetect.disabled():
+        assert not yolo_fastdetect.is_enabled() and Detect.__dict__["_inference"] is original
+    assert yolo_fastdetect.is_enabled() and Detect.__dict__["_inference"] is detect_head.fast_inference
+    with pytest.raises(KeyError), yolo_fastdetect.disabled():  # restored on an exception too
+        raise KeyError("in the block")
+    assert yolo_fastdetect.is_enabled()
+    yolo_fastdetect.disable()
+    with yolo_fastdetect.disabled():
+        yolo_fastdetect.enable()  # enabled inside a block entered disabled: disabled again after it
+    assert not yolo_fastdetect.is_enabled() and Detect.__dict__["_inference"] is original
+    with yolo_fastdetect.disabled(), yolo_fastdetect.disabled():  # nested
+        assert not yolo_fastdetect.is_enabled()
+    assert not yolo_fastdetect.is_enabled()
+
+
 def test_opt_out_environment_variable():
     code = (
         "import yolo_fastdetect, sys; from ultralytics.nn.modules.head import Detect; "

@@ -201,16 +201,15 @@ def test_predict_same_as_without_the_predictor_patch(config, half, kind, letterb
 @pytest.mark.parametrize("config", GPU_MODELS)
 @pytest.mark.parametrize("half", [False, True], ids=["fp32", "fp16"])
 def test_predict_same_as_stock(config, half, monkeypatch):
-    """Everything on against stock (disable()). fp32 with TF32 off, as stock's TF32 DFL is off by up to 0.16 px.
+    """Everything on against stock (disabled()). fp32 with TF32 off, as stock's TF32 DFL is off by up to 0.16 px.
     In fp16 both decodes round box coordinates to fp16, 0.5 px steps at 512-1024 px of the input, up to 2x that in
     the original image: boxes may differ by two such steps."""
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     model = detecting_model("cuda", config)
     for kind in ("single", "mixed"):
-        yolo_fastdetect.disable()
-        stock = predict(model, sources_for(kind), half=half, batch=8)
-        yolo_fastdetect.enable()
+        with yolo_fastdetect.disabled():
+            stock = predict(model, sources_for(kind), half=half, batch=8)
         ours = predict(model, sources_for(kind), half=half, batch=8)
         assert_same_detections(ours, stock, box_atol=2.0 if half else 1e-3, conf_atol=2e-3 if half else 1e-4)
 

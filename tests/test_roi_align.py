@@ -120,6 +120,33 @@ def test_backward_matches_reference(generator, device, dtype, pool_mode):
 
 
 @pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("pool_mode", ["avg", "max"])
+def test_double_backward_is_refused(generator, device, pool_mode):
+    """A gradient taken with create_graph=True is the gradient, but differentiating it again raises, for one level
+    and several: the backward operators have no derivative of their own (torchvision's RoIAlign refuses it too)."""
+    x = features(generator, (2, 3, 9, 11), device=device).requires_grad_(True)
+    pyramid = [x, features(generator, (2, 3, 5, 6), device=device).requires_grad_(True)]
+    rois = random_rois(generator, 2, 9, 11, 8).to(device)
+    reference_input = x.detach().cpu().requires_grad_(True)
+    reference_output = roi_align_reference(reference_input, rois.cpu(), 3, 1.0, 2, pool_mode)
+    (expected,) = torch.autograd.grad((reference_output**2).sum(), reference_input)
+    calls = {
+        "roi_align": lambda: roi_align(x, rois, 3, 1.0, 2, pool_mode),
+        "multiscale_roi_align": lambda: multiscale_roi_align(pyramid, rois, 3, (1, 2), 2, pool_mode, True, 4, 0),
+    }
+    for op, call in calls.items():
+        # The gradient of out ** 2 is 2 * out * d(out): the backward operator's input requires grad.
+        (gradient,) = torch.autograd.grad((call() ** 2).sum(), x, create_graph=True)
+        (plain,) = torch.autograd.grad((call() ** 2).sum(), x)
+        assert gradient.requires_grad
+        torch.testing.assert_close(gradient, plain, rtol=0, atol=0)
+        if op == "roi_align":
+            torch.testing.assert_close(gradient.cpu(), expected, rtol=1e-10, atol=1e-10)
+        with pytest.raises(RuntimeError, match=f"{op}: double backward .* is not supported"):
+            gradient.sum().backward()
+
+
+@pytest.mark.parametrize("device", devices())
 def test_empty_and_zero_size_rois(generator, device):
     x = features(generator, (2, 3, 8, 8), torch.float32, device).requires_grad_(True)
     empty = roi_align(x, torch.zeros(0, 5, device=device), 2)

@@ -1,13 +1,16 @@
 """yolo_fastdetect: hand-written CUDA/CPU kernels for Ultralytics YOLO inference, output-identical to stock.
 
-``import yolo_fastdetect`` patches Ultralytics (set ``YOLO_FASTDETECT=0`` to opt out); ``disable()`` restores it.
+``import yolo_fastdetect`` patches Ultralytics (set ``YOLO_FASTDETECT=0`` to opt out); ``disable()`` restores it, and
+``with yolo_fastdetect.disabled():`` runs a block stock.
 The operators are compiled on first use and cached; if that fails the package warns once and Ultralytics
 runs stock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 __version__ = "0.1.0"
@@ -45,6 +48,7 @@ __all__ = [
     "detect_decode_reference",
     "detection_rois",
     "disable",
+    "disabled",
     "enable",
     "is_enabled",
     "letterbox",
@@ -79,6 +83,30 @@ def disable() -> None:
     from . import patches
 
     patches.revert_all()
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Run a block with stock Ultralytics, then put the patch back as it was, even if the block raises.
+
+    The state after the block is the state before it: enabled again if the package was enabled, still disabled if
+    it was disabled already (even if the block enabled it).
+
+    Examples:
+        >>> import yolo_fastdetect
+        >>> with yolo_fastdetect.disabled():
+        ...     yolo_fastdetect.is_enabled()
+        False
+    """
+    was_enabled = is_enabled()
+    disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            enable()
+        else:
+            disable()
 
 
 def is_enabled() -> bool:

@@ -60,6 +60,12 @@ def _sources(with_cuda: bool) -> list[Path]:
     return sources
 
 
+def _headers() -> list[Path]:
+    """The headers the sources include: ``common.h``, each operator family's, and the CUDA-only ``.cuh``."""
+    root = source_dir()
+    return sorted([*root.glob("*.h"), *root.glob("*/*.h"), *root.glob("*/*.cuh")])
+
+
 def _cuda_home() -> str | None:
     """The CUDA toolkit to compile with, or None when CUDA sources cannot be built here."""
     if torch.version.cuda is None:
@@ -115,7 +121,7 @@ def build_dir(with_cuda: bool) -> Path:
     # The sources' folder is part of the key: ninja's build file names them by absolute path, so a checkout and an
     # installed copy sharing one folder rebuilt everything each time the other one ran.
     digest = hashlib.sha256(str(source_dir()).encode())
-    for path in _sources(with_cuda) + sorted(source_dir().glob("*/*.h")):
+    for path in _sources(with_cuda) + _headers():
         digest.update(path.name.encode() + path.read_bytes())
     cuda_tag = f"cu{torch.version.cuda}-sm{cuda_arch_list().replace(';', '_')}" if with_cuda else "cpu"
     python_tag = f"py{sys.version_info.major}{sys.version_info.minor}"

@@ -192,10 +192,12 @@ inline at::ScalarType accumulation_dtype(at::ScalarType dtype) {
   return dtype == at::kDouble ? at::kDouble : at::kFloat;
 }
 
+// Host-side checks shared by both launchers, defined in roi_align.cpp.
+
 // Raises unless the lowest and highest batch index of the rois lie in [0, batch) (NaN fails).
 void check_batch_index_range(const char* op, double lowest, double highest, int64_t batch);
 
-// Host-side checks shared by both launchers (defined in roi_align_cpu.cpp). They raise errors that name the
+// The checks of every argument of the forward and backward operators. They raise errors that name the
 // argument and return the pooling parameters with roi_levels made contiguous (undefined for a single level).
 // Batch indices are checked here only when `check_batch_index_values` (the CUDA launcher checks them itself,
 // without stalling the GPU).

@@ -1,4 +1,5 @@
-// Autograd for the RoIAlign operators (one level and several), registered in C++ as torchvision does.
+// Autograd for the RoIAlign operators (one level and several), registered in C++ as torchvision does: the forward
+// operators' backward passes, and the backward operators' refusal of a second derivative (double backward).
 //
 // The Python route (torch.library.register_autograd) costs tens of microseconds of host time per call, most of it
 // for the Tensor[] input of the multi-level operator, and a RoIAlign call's kernels take about 100 us: measured on
@@ -43,6 +44,12 @@ void save_options(AutogradContext* ctx, int64_t sampling_ratio, bool aligned, bo
   ctx->saved_data["max_mode"] = max_mode;
 }
 
+// The backward operators have no derivative of their own. Without an autograd kernel, torch's fallback let a second
+// derivative through them (create_graph=True) come out zero, with only a deprecation warning; their nodes raise.
+[[noreturn]] void refuse_double_backward(const char* op) {
+  TORCH_CHECK(false, op, ": double backward (the gradient of its gradient) is not supported");
+}
+
 class RoIAlignFunction : public torch::autograd::Function<RoIAlignFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& rois,
@@ -72,6 +79,19 @@ class RoIAlignFunction : public torch::autograd::Function<RoIAlignFunction> {
     result[0] = grad_input;
     return result;
   }
+};
+
+class RoIAlignBackwardFunction : public torch::autograd::Function<RoIAlignBackwardFunction> {
+ public:
+  static variable_list forward(AutogradContext*, const at::Tensor& grad_output, const at::Tensor& rois,
+                               const at::Tensor& argmax, c10::SymIntArrayRef input_shape, double spatial_scale,
+                               int64_t sampling_ratio, bool aligned, bool max_mode) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    static const auto op = find_op<BackwardSignature>("yolo_fastdetect::roi_align_backward");
+    return {op.call(grad_output, rois, argmax, input_shape, spatial_scale, sampling_ratio, aligned, max_mode)};
+  }
+
+  static variable_list backward(AutogradContext*, const variable_list&) { refuse_double_backward("roi_align"); }
 };
 
 class MultiscaleRoIAlignFunction : public torch::autograd::Function<MultiscaleRoIAlignFunction> {
@@ -111,6 +131,23 @@ class MultiscaleRoIAlignFunction : public torch::autograd::Function<MultiscaleRo
   }
 };
 
+class MultiscaleRoIAlignBackwardFunction : public torch::autograd::Function<MultiscaleRoIAlignBackwardFunction> {
+ public:
+  static variable_list forward(AutogradContext*, const at::Tensor& grad_output, const at::Tensor& rois,
+                               const at::Tensor& roi_levels, const at::Tensor& argmax,
+                               c10::SymIntArrayRef feature_shapes, at::ArrayRef<double> spatial_scales,
+                               int64_t sampling_ratio, bool aligned, bool max_mode) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    static const auto op = find_op<MultiscaleBackwardSignature>("yolo_fastdetect::multiscale_roi_align_backward");
+    return op.call(grad_output, rois, roi_levels, argmax, feature_shapes, spatial_scales, sampling_ratio, aligned,
+                   max_mode);
+  }
+
+  static variable_list backward(AutogradContext*, const variable_list&) {
+    refuse_double_backward("multiscale_roi_align");
+  }
+};
+
 std::tuple<at::Tensor, at::Tensor> roi_align_autograd(const at::Tensor& input, const at::Tensor& rois,
                                                       int64_t pooled_height, int64_t pooled_width,
                                                       double spatial_scale, int64_t sampling_ratio, bool aligned,
@@ -131,11 +168,29 @@ std::tuple<at::Tensor, at::Tensor> multiscale_roi_align_autograd(at::TensorList 
   return {result[0], result[1]};
 }
 
+at::Tensor roi_align_backward_autograd(const at::Tensor& grad_output, const at::Tensor& rois, const at::Tensor& argmax,
+                                       c10::SymIntArrayRef input_shape, double spatial_scale, int64_t sampling_ratio,
+                                       bool aligned, bool max_mode) {
+  return RoIAlignBackwardFunction::apply(grad_output, rois, argmax, input_shape, spatial_scale, sampling_ratio,
+                                         aligned, max_mode)[0];
+}
+
+std::vector<at::Tensor> multiscale_roi_align_backward_autograd(const at::Tensor& grad_output, const at::Tensor& rois,
+                                                               const at::Tensor& roi_levels, const at::Tensor& argmax,
+                                                               c10::SymIntArrayRef feature_shapes,
+                                                               at::ArrayRef<double> spatial_scales,
+                                                               int64_t sampling_ratio, bool aligned, bool max_mode) {
+  return MultiscaleRoIAlignBackwardFunction::apply(grad_output, rois, roi_levels, argmax, feature_shapes,
+                                                   spatial_scales, sampling_ratio, aligned, max_mode);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(yolo_fastdetect, Autograd, m) {
   m.impl("roi_align", &roi_align_autograd);
   m.impl("multiscale_roi_align", &multiscale_roi_align_autograd);
+  m.impl("roi_align_backward", &roi_align_backward_autograd);
+  m.impl("multiscale_roi_align_backward", &multiscale_roi_align_backward_autograd);
 }
 
 }  // namespace roi_align

@@ -45,7 +45,8 @@ def detect_decode(
         xywh (bool): Return ``cx, cy, w, h`` (Ultralytics' default) or ``x1, y1, x2, y2``.
 
     Returns:
-        (torch.Tensor): ``(B, 4 + nc, A)`` in the dtype of ``boxes``: the box rows, then sigmoid class scores.
+        (torch.Tensor): ``(B, 4 + nc, A)`` in the dtype of ``boxes``: the box rows, then sigmoid class scores. Under
+        ``torch.autocast`` the same: autocast casts neither input.
 
     Raises:
         RuntimeError: Gradients are wanted (inputs that require grad, grad mode on): the operator has no backward,

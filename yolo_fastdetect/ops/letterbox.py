@@ -306,9 +306,6 @@ def letterbox(
 ) -> tuple[torch.Tensor, list[LetterboxGeometry]]:
     """The model input tensor of a batch of BGR images, as stock ``LetterBox`` + ``BasePredictor.preprocess``.
 
-    One kernel launch per batch, whatever the sizes of its images. Numpy images are uploaded once (packed into
-    pinned memory by several threads, the transfer overlapping the packing); tensors already on the GPU stay there.
-
     Args:
         images: uint8 BGR images ``(H, W, C)``: numpy arrays (grayscale, gray + alpha and BGRA are converted as
             Ultralytics' loader converts them), uint8 ``(H, W, 3)`` tensors, a list of either, or one
@@ -327,7 +324,14 @@ def letterbox(
 
     Returns:
         (torch.Tensor, list[LetterboxGeometry]): ``(B, 3, height, width)`` RGB in ``[0, 1]`` (``out`` when given)
-        and, per image, the geometry that :func:`scale_boxes_batch` takes to map boxes back.
+        and, per image, the geometry that :func:`scale_boxes_batch` takes to map boxes back. ``dtype`` alone sets the
+        output's dtype, under ``torch.autocast`` too.
+
+    Examples:
+        >>> images = [np.full((1080, 810, 3), 127, np.uint8), np.zeros((720, 1280, 3), np.uint8)]  # BGR, as cv2 reads
+        >>> batch, geometries = letterbox(images, 640, device="cpu")
+        >>> batch.shape, geometries[0].resized_shape, geometries[0].pad_left
+        (torch.Size([2, 3, 640, 640]), (640, 480), 80)
     """
     if dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"letterbox: dtype must be torch.float32, float16 or bfloat16, got {dtype}")
@@ -344,6 +348,8 @@ def letterbox(
     else:
         _check_out(out, shape, dtype, device)
 
+    # One kernel launch per batch, whatever the sizes of its images. Numpy images are uploaded once (packed into pinned
+    # memory by several threads, the transfer overlapping the packing); tensors already on the GPU stay there.
     sizes = [height * width * 3 for height, width in (geometry.orig_shape for geometry in geometries)]
     offsets = [0, *accumulate(sizes[:-1])]
     packed = _pack(images, image_list, offsets, sum(sizes), device)

@@ -73,7 +73,14 @@ def multiscale_roi_align(
         canonical_size (float), canonical_level (int): The FPN rule's ``224`` and ``k0 = 4``.
 
     Returns:
-        (torch.Tensor): ``(K, C, output_height, output_width)``.
+        (torch.Tensor): ``(K, C, output_height, output_width)`` in the features' dtype (under ``torch.autocast`` too:
+        autocast casts no argument).
+
+    Examples:
+        >>> features = [torch.randn(1, 64, 640 // s, 640 // s) for s in (8, 16, 32)]  # P3-P5 of a 640 x 640 image
+        >>> rois = torch.tensor([[0.0, 10.0, 20.0, 60.0, 90.0], [0.0, 0.0, 0.0, 600.0, 500.0]])
+        >>> multiscale_roi_align(features, rois, 7).shape
+        torch.Size([2, 64, 7, 7])
     """
     pooled_height, pooled_width = _pair(output_size)
     max_mode = _is_max_mode(pool_mode)
@@ -94,6 +101,13 @@ class MultiScaleRoIAlign(nn.Module):
 
     Unlike torchvision's class, features are a sequence (not a dict) and the strides are given, not inferred from
     image sizes; ``aligned=False`` with the same strides reproduces torchvision's output.
+
+    Examples:
+        >>> pool = MultiScaleRoIAlign(7, strides=(8, 16, 32))
+        >>> features = [torch.randn(2, 64, 640 // s, 640 // s) for s in (8, 16, 32)]
+        >>> boxes = [torch.tensor([[10.0, 20.0, 60.0, 90.0]]), torch.tensor([[0.0, 0.0, 600.0, 500.0]])]
+        >>> pool(features, boxes).shape
+        torch.Size([2, 64, 7, 7])
     """
 
     def __init__(

@@ -60,7 +60,15 @@ def batched_nms(
     Returns:
         (tuple[torch.Tensor, torch.Tensor, torch.Tensor]): ``detections (B, max_det, 6 + nm)`` float32 rows
             ``[x1, y1, x2, y2, score, class, extras...]`` in descending score, zero-padded; ``counts (B,)`` int64;
-            ``anchor_indices (B, max_det)`` int64, -1 where padded.
+            ``anchor_indices (B, max_det)`` int64, -1 where padded. Under ``torch.autocast`` the same: autocast does
+            not cast ``prediction``.
+
+    Examples:
+        >>> scale = torch.tensor([640.0, 640.0, 64.0, 64.0] + [1.0] * 80).view(1, -1, 1)
+        >>> prediction = torch.rand(2, 4 + 80, 8400) * scale  # cx, cy, w, h in pixels, then 80 class scores
+        >>> detections, counts, anchor_indices = batched_nms(prediction, num_classes=80, max_det=100)
+        >>> detections.shape, counts.shape, anchor_indices.shape
+        (torch.Size([2, 100, 6]), torch.Size([2]), torch.Size([2, 100]))
     """
     require()
     return torch.ops.yolo_fastdetect.batched_nms(
@@ -158,6 +166,12 @@ def non_max_suppression(
     Raises:
         ValueError: ``conf_thres`` or ``iou_thres`` outside [0, 1], ``max_det`` below 1, or ``prediction`` not
             3-D (stock raises AssertionError or an indexing error for these).
+
+    Examples:
+        >>> scale = torch.tensor([640.0, 640.0, 64.0, 64.0] + [1.0] * 80).view(1, -1, 1)
+        >>> output = non_max_suppression(torch.rand(2, 4 + 80, 8400) * scale, conf_thres=0.5, max_det=100)
+        >>> len(output), output[0].shape[1]  # per image (n, 6): x1, y1, x2, y2, conf, cls
+        (2, 6)
     """
     stock_args = (prediction, conf_thres, iou_thres, classes, agnostic, multi_label, max_det, nc, max_time_img,
                   max_nms, max_wh, rotated, end2end, return_idxs)

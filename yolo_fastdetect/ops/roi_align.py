@@ -38,11 +38,7 @@ def _is_max_mode(pool_mode: str) -> bool:
 def boxes_to_rois(rois: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
     """``(K, 5)`` ``[batch_index, x1, y1, x2, y2]`` rois from a list of per-image ``(L, 4)`` boxes (a tensor passes).
 
-    Image ``i`` of the list gets batch index ``i``; an image may have no boxes. Two device kernels whatever the
-    number of images (one concatenation of the boxes, one with the batch-index column) and one host-to-device
-    copy: the index column is built on the host from the list's lengths, without waiting for the device. Under
-    CUDA graph capture, where a copy from the host cannot be recorded, the column is filled on the device instead,
-    image by image.
+    Image ``i`` of the list gets batch index ``i``; an image may have no boxes.
     """
     if isinstance(rois, torch.Tensor):
         return rois
@@ -52,6 +48,10 @@ def boxes_to_rois(rois: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
     for index, per_image in enumerate(image_boxes):
         if per_image.dim() != 2 or per_image.shape[1] != 4:
             raise ValueError(f"rois: image {index} boxes must be (L, 4) x1, y1, x2, y2, got {tuple(per_image.shape)}")
+    # Two device kernels whatever the number of images (one concatenation of the boxes, one with the batch-index
+    # column) and one host-to-device copy: the index column is built on the host from the list's lengths, without
+    # waiting for the device. Under CUDA graph capture, where a copy from the host cannot be recorded, the column is
+    # filled on the device instead, image by image.
     boxes = torch.cat(image_boxes)
     if boxes.is_cuda and torch.cuda.is_current_stream_capturing():
         batch_index = torch.cat(
@@ -90,6 +90,13 @@ def roi_align(
     Returns:
         (torch.Tensor): ``(K, C, output_height, output_width)`` in ``input``'s dtype. A RoI whose batch index is not
         in ``[0, N)`` raises an IndexError (checked on the host; under CUDA graph capture it pools zeros instead).
+        Under ``torch.autocast`` the operator runs in the dtype of ``input`` (autocast casts neither argument).
+
+    Examples:
+        >>> features = torch.randn(2, 256, 80, 80)  # P3 (stride 8) of two 640 x 640 images
+        >>> boxes = [torch.tensor([[16.0, 32.0, 200.0, 300.0]]), torch.tensor([[0.0, 0.0, 64.0, 64.0]])]
+        >>> roi_align(features, boxes, 7, spatial_scale=1 / 8, sampling_ratio=2).shape
+        torch.Size([2, 256, 7, 7])
     """
     pooled_height, pooled_width = _pair(output_size)
     max_mode = _is_max_mode(pool_mode)
@@ -102,7 +109,13 @@ def roi_align(
 
 
 class RoIAlign(nn.Module):
-    """``nn.Module`` form of :func:`roi_align`, with mmcv's ``RoIAlign`` arguments and defaults."""
+    """``nn.Module`` form of :func:`roi_align`, with mmcv's ``RoIAlign`` arguments and defaults.
+
+    Examples:
+        >>> pool = RoIAlign(7, spatial_scale=1 / 8, pool_mode="max")
+        >>> pool(torch.randn(1, 64, 80, 80), torch.tensor([[0.0, 16.0, 32.0, 200.0, 300.0]])).shape
+        torch.Size([1, 64, 7, 7])
+    """
 
     def __init__(
         self,
