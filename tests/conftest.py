@@ -27,11 +27,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_cuda)
 
 
+SEED_VARIABLE = "YOLO_FASTDETECT_TEST_SEED"
+
+
 @pytest.fixture
 def generator() -> torch.Generator:
-    """A CPU generator seeded freshly from the OS for each test (the seed is printed on failure)."""
-    seed = int.from_bytes(os.urandom(4), "little")
-    print(f"random seed: {seed}")
+    """A CPU generator seeded freshly from the OS for each test, or from ``YOLO_FASTDETECT_TEST_SEED`` to replay a
+    failure (the seed is printed, and pytest shows it for a failing test)."""
+    seed = int(os.environ.get(SEED_VARIABLE) or int.from_bytes(os.urandom(4), "little"))
+    print(f"random seed: {seed} (replay: {SEED_VARIABLE}={seed})")
     return torch.Generator().manual_seed(seed)
 
 
@@ -58,22 +62,11 @@ def subprocess_env(**overrides: str) -> dict[str, str]:
 
 
 def detecting_model(device: str = "cpu", config: str = "yolo11n.yaml", logit_scale: float = 1.0):
-    """A model from its YAML with seeded weights; the biases of classes 0 and 5 (person, bus) raised so that random
-    weights detect them, the others lowered so that the stock NMS stays fast enough to compare against.
+    """The benchmarks' seeded model that detects (:func:`yolo_fastdetect.bench._timing.detecting_model`) on
+    ``device``: person and bus biases raised, ``logit_scale`` 1e7 for scores without ties."""
+    from yolo_fastdetect.bench._timing import detecting_model as seeded_model
 
-    Random weights give nearly the same class logit everywhere, so most scores tie; ``logit_scale`` (e.g. 1e7)
-    scales the class convolutions' weights so that scores differ from box to box and stock and patched NMS keep
-    the same boxes in the same order (ties would be broken differently)."""
-    from ultralytics import YOLO
-
-    torch.manual_seed(0)
-    model = YOLO(config)
-    for branch in model.model.model[-1].cv3:
-        bias = torch.full_like(branch[-1].bias, -6.0)
-        bias[[c for c in (0, 5) if c < len(bias)]] = 1.0
-        branch[-1].bias.data.copy_(bias)
-        branch[-1].weight.data.mul_(logit_scale)
-    return model.to(device)
+    return seeded_model(config, device, logit_scale)
 
 
 def asset_images() -> list[str]:

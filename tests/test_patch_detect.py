@@ -14,6 +14,7 @@ from ultralytics.utils import ASSETS
 
 import yolo_fastdetect
 from conftest import asset_images, detecting_model, subprocess_env, write_tiny_dataset
+from yolo_fastdetect.bench._timing import detecting_model as seeded_model
 from yolo_fastdetect.patches import detect_head
 
 # One size per family runs everywhere; the other YOLO12 sizes are in the slow set (GPU runs and --runslow).
@@ -23,13 +24,8 @@ INPUT_SIZES = [(640, 640), (480, 640), (320, 256)]
 
 
 def build_model(cfg: str, seed: int = 0) -> YOLO:
-    """A YAML model with seeded random weights, its class bias raised so that it outputs boxes."""
-    torch.manual_seed(seed)
-    model = YOLO(cfg)
-    head = model.model.model[-1]
-    for branch in head.cv3:
-        branch[-1].bias.data.fill_(1.0)
-    return model.eval() if hasattr(model, "eval") else model
+    """A YAML model with seeded random weights, every class bias raised so that it outputs boxes, in eval mode."""
+    return seeded_model(cfg, raised=None, seed=seed).eval()
 
 
 def head_inputs(model: YOLO, images: torch.Tensor) -> tuple[Detect, list[torch.Tensor]]:

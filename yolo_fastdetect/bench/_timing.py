@@ -87,19 +87,34 @@ def copy_bandwidth_gbs(num_bytes: int = 2 << 30) -> float:
     return 2 * source.numel() / (ms * 1e-3) / 1e9
 
 
-def detecting_model(name: str):
-    """The model; one built from a YAML gets seeded weights with the person and bus class biases raised, so that
-    random weights produce detections on the assets (and the rest lowered, like a trained model's background)."""
+def detecting_model(
+    config: str,
+    device: str | None = None,
+    logit_scale: float = 1.0,
+    raised: tuple[int, ...] | None = (0, 5),
+    seed: int = 0,
+):
+    """The model ``config``, seeded with ``seed``; one built from a YAML gets class biases that make random weights
+    detect: 1 for the classes in ``raised`` (person and bus by default; None: every class), -6 for the others (like a
+    trained model's background, which keeps stock NMS fast). Random weights give nearly the same class logit
+    everywhere, so most scores tie; ``logit_scale`` (e.g. 1e7) scales the class convolutions' weights so that scores
+    differ from box to box and stock and patched NMS keep the same boxes in the same order. The benchmarks' and the
+    tests' model.
+
+    Examples:
+        >>> model = detecting_model("yolo11n.yaml", "cpu", logit_scale=1e7)
+    """
     from ultralytics import YOLO
 
-    torch.manual_seed(0)
-    model = YOLO(name)
-    if name.endswith((".yaml", ".yml")):
+    torch.manual_seed(seed)
+    model = YOLO(config)
+    if config.endswith((".yaml", ".yml")):
         for branch in model.model.model[-1].cv3:
             bias = torch.full_like(branch[-1].bias, -6.0)
-            bias[[0, 5]] = 1.0
+            bias[[c for c in raised if c < len(bias)] if raised is not None else slice(None)] = 1.0
             branch[-1].bias.data.copy_(bias)
-    return model
+            branch[-1].weight.data.mul_(logit_scale)
+    return model.to(device) if device is not None else model
 
 
 def environment_line() -> str:
