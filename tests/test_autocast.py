@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import devices
 
+from conftest import devices
 from yolo_fastdetect import _ext
 from yolo_fastdetect.ops import (
     MultiScaleRoIAlign,

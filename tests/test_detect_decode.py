@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import devices
 
+from conftest import devices
 from yolo_fastdetect.ops import detect_decode, detect_decode_reference
 
 # (level grid sizes, strides): 640x640, 480x640 (letterboxed bus.jpg), 320x256, four levels, one level.

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 import torchvision
-from conftest import devices
 
+from conftest import devices
 from yolo_fastdetect import _ext
 from yolo_fastdetect.ops import fpn_levels
 

@@ -10,12 +10,12 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from conftest import asset_images, devices
 from ultralytics.data.augment import LetterBox
 from ultralytics.data.loaders import LoadPilAndNumpy
 from ultralytics.engine.predictor import BasePredictor
 from ultralytics.utils import ops as stock_ops
 
+from conftest import asset_images, devices
 from yolo_fastdetect import LetterboxGeometry, letterbox, letterbox_geometry, scale_boxes_batch
 
 # The package exports the function under the module's name, so the module is imported by its full name.

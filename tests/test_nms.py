@@ -7,8 +7,8 @@ import math
 
 import pytest
 import torch
-from conftest import asset_images, detecting_model, devices, write_tiny_dataset
 
+from conftest import asset_images, detecting_model, devices, write_tiny_dataset
 from yolo_fastdetect import _ext
 from yolo_fastdetect.ops.nms import (
     batched_nms,

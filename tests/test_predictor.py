@@ -56,7 +56,8 @@ def test_apply_and_revert_restore_the_class_dicts_exactly():
     assert patched[DetectionPredictor]["preprocess"] is predictor_patch.preprocess
     assert patched[DetectionPredictor]["inference"] is predictor_patch.inference
     assert patched[DetectionPredictor]["setup_source"] is predictor_patch.setup_source
-    assert set(patched[DetectionPredictor]) - set(stock[DetectionPredictor]) == {"setup_source", "preprocess", "inference"}
+    added = set(patched[DetectionPredictor]) - set(stock[DetectionPredictor])
+    assert added == {"setup_source", "preprocess", "inference"}
     for cls in PREDICTOR_CLASSES:  # nothing else changed, on DetectionPredictor or elsewhere
         unchanged = {k: v for k, v in patched[cls].items() if cls is not DetectionPredictor or k in stock[cls]}
         assert unchanged.keys() == stock[cls].keys() and all(unchanged[k] is stock[cls][k] for k in unchanged)

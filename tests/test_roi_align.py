@@ -8,8 +8,8 @@ from collections import OrderedDict
 import pytest
 import torch
 import torchvision
-from conftest import devices
 
+from conftest import devices
 from yolo_fastdetect import _ext
 from yolo_fastdetect.ops import (
     MultiScaleRoIAlign,

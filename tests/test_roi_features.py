@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import HAS_CUDA
 
 import yolo_fastdetect
+from conftest import HAS_CUDA
 from yolo_fastdetect import _ext
 from yolo_fastdetect.ops import roi_align
 

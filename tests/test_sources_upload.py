@@ -10,7 +10,14 @@ import torch
 
 # corpus, model and the autouse fixtures (TF32 off, the patch re-enabled) are test_sources' own
 from test_sources import (  # noqa: F401
-    assert_same_results, corpus, exact_convolutions, list_sources, model, restore_patch, stock_and_ours)
+    assert_same_results,
+    corpus,
+    exact_convolutions,
+    list_sources,
+    model,
+    restore_patch,
+    stock_and_ours,
+)
 from yolo_fastdetect.sources import FileLoader, PathListLoader, Uploads, file_loader, upload
 
 cuda = pytest.mark.cuda

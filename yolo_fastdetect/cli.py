@@ -90,9 +90,10 @@ def run_yolo(argv: list[str]) -> None:
 
 def patch_yolo_command() -> None:
     """Enable the patch for a ``yolo`` command run, say so in its log, and make ``export`` run stock (idempotent)."""
-    import yolo_fastdetect  # importing enables the patch, unless YOLO_FASTDETECT=0
     from ultralytics.utils import LOGGER
     from ultralytics.utils.callbacks.base import default_callbacks
+
+    import yolo_fastdetect  # importing enables the patch, unless YOLO_FASTDETECT=0
 
     if _export_runs_stock in default_callbacks["on_export_start"]:
         return  # already done: site-packages can be listed twice (lib and lib64), running the hook twice
@@ -129,8 +130,9 @@ def _export_runs_stock(exporter) -> None:
     The exporter's dry run comes before this callback, but it already takes the stock path: the patched head
     falls back to the original method in export mode.
     """
-    import yolo_fastdetect
     from ultralytics.utils import LOGGER
+
+    import yolo_fastdetect
 
     yolo_fastdetect.disable()
     LOGGER.info("yolo_fastdetect: export runs stock Ultralytics (patch off); the exported model does not need it")

@@ -23,26 +23,26 @@ void check_detect_decode_args(const at::Tensor& boxes, const at::Tensor& scores,
                     " != boxes batch ", text(boxes.size(0)));
   TORCH_CHECK_VALUE(scores.size(2) == boxes.size(2), "detect_decode: scores has ", text(scores.size(2)),
                     " anchors but boxes has ", text(boxes.size(2)));
-  TORCH_CHECK_TYPE(boxes.scalar_type() == at::kFloat || boxes.scalar_type() == at::kHalf ||
-                       boxes.scalar_type() == at::kBFloat16,
-                   "detect_decode: boxes must be float32, float16 or bfloat16, got ", boxes.scalar_type());
-  TORCH_CHECK_TYPE(scores.scalar_type() == boxes.scalar_type(), "detect_decode: scores dtype ",
-                   scores.scalar_type(), " != boxes dtype ", boxes.scalar_type());
-  TORCH_CHECK(scores.device() == boxes.device(), "detect_decode: scores is on ", scores.device(),
-              " but boxes is on ", boxes.device());
+  TORCH_CHECK_TYPE(
+      boxes.scalar_type() == at::kFloat || boxes.scalar_type() == at::kHalf || boxes.scalar_type() == at::kBFloat16,
+      "detect_decode: boxes must be float32, float16 or bfloat16, got ", boxes.scalar_type());
+  TORCH_CHECK_TYPE(scores.scalar_type() == boxes.scalar_type(), "detect_decode: scores dtype ", scores.scalar_type(),
+                   " != boxes dtype ", boxes.scalar_type());
+  TORCH_CHECK(scores.device() == boxes.device(), "detect_decode: scores is on ", scores.device(), " but boxes is on ",
+              boxes.device());
 
   const int64_t num_levels = static_cast<int64_t>(level_strides.size());
   TORCH_CHECK_VALUE(num_levels >= 1 && num_levels <= kMaxLevels, "detect_decode: level_strides must hold 1 to ",
                     text(kMaxLevels), " levels, got ", text(num_levels));
   TORCH_CHECK_VALUE(static_cast<int64_t>(level_shapes.size()) == 2 * num_levels,
-                    "detect_decode: level_shapes must hold (h, w) for each of the ", text(num_levels),
-                    " levels, got ", text(level_shapes.size()), " values");
+                    "detect_decode: level_shapes must hold (h, w) for each of the ", text(num_levels), " levels, got ",
+                    text(level_shapes.size()), " values");
   levels.num_levels = static_cast<int>(num_levels);
   int64_t num_anchors = 0;
   for (int64_t level = 0; level < num_levels; ++level) {
     const int64_t height = level_shapes[2 * level], width = level_shapes[2 * level + 1];
-    TORCH_CHECK_VALUE(height > 0 && width > 0, "detect_decode: level_shapes level ", text(level), " is ",
-                      text(height), "x", text(width), "; sizes must be positive");
+    TORCH_CHECK_VALUE(height > 0 && width > 0, "detect_decode: level_shapes level ", text(level), " is ", text(height),
+                      "x", text(width), "; sizes must be positive");
     const double stride = level_strides[level];
     TORCH_CHECK_VALUE(std::isfinite(stride) && stride > 0, "detect_decode: level_strides[", text(level),
                       "] must be positive, got ", text(stride));
@@ -144,10 +144,8 @@ at::Tensor detect_decode_cpu(const at::Tensor& boxes, const at::Tensor& scores, 
     const auto* box_ptr = boxes_dense.const_data_ptr<scalar_t>();
     const auto* score_ptr = scores_dense.const_data_ptr<scalar_t>();
     auto* out_ptr = out.mutable_data_ptr<scalar_t>();
-    if (reg_max == 16)
-      decode_cpu_kernel<scalar_t, 16>(box_ptr, score_ptr, out_ptr, shape, levels, xywh);
-    else
-      decode_cpu_kernel<scalar_t, 1>(box_ptr, score_ptr, out_ptr, shape, levels, xywh);
+    if (reg_max == 16) decode_cpu_kernel<scalar_t, 16>(box_ptr, score_ptr, out_ptr, shape, levels, xywh);
+    else decode_cpu_kernel<scalar_t, 1>(box_ptr, score_ptr, out_ptr, shape, levels, xywh);
   });
   return out;
 }

@@ -22,12 +22,10 @@ constexpr int kScoresPerThread = 4;
 constexpr int64_t kScoreChunk = kThreads * kScoresPerThread;
 
 template <typename scalar_t, int RegMax>
-__global__ void __launch_bounds__(kThreads) detect_decode_kernel(const scalar_t* __restrict__ boxes,
-                                                            const scalar_t* __restrict__ scores,
-                                                            scalar_t* __restrict__ out, const DecodeShape shape,
-                                                            const LevelTable levels, const bool xywh,
-                                                            const int64_t box_blocks,
-                                                            const int64_t chunks_per_row) {
+__global__ void __launch_bounds__(kThreads)
+    detect_decode_kernel(const scalar_t* __restrict__ boxes, const scalar_t* __restrict__ scores,
+                         scalar_t* __restrict__ out, const DecodeShape shape, const LevelTable levels, const bool xywh,
+                         const int64_t box_blocks, const int64_t chunks_per_row) {
   const int64_t num_anchors = shape.num_anchors;
   const int64_t out_channels = 4 + shape.num_classes;
   const int64_t block = blockIdx.x;

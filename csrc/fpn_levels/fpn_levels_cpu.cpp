@@ -28,8 +28,7 @@ void check_fpn_levels_args(const at::Tensor& rois, int64_t lowest_level, int64_t
   thresholds.num_levels = static_cast<int>(num_levels);
   thresholds.min_area[0] = 0.0;
   for (int i = 1; i < thresholds.num_levels; ++i) {
-    const double exponent =
-        2.0 * (static_cast<double>(lowest_level + i) - static_cast<double>(canonical_level) - eps);
+    const double exponent = 2.0 * (static_cast<double>(lowest_level + i) - static_cast<double>(canonical_level) - eps);
     thresholds.min_area[i] = canonical_size * canonical_size * std::exp2(exponent);
   }
   layout.count = rois.size(0);

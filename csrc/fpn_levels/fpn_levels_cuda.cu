@@ -18,9 +18,9 @@ constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 65535;  // more RoIs than kThreads * kMaxBlocks loop over the grid
 
 template <typename scalar_t>
-__global__ void __launch_bounds__(kThreads) fpn_levels_kernel(const scalar_t* __restrict__ rois,
-                                                         int64_t* __restrict__ levels, const FpnRoiLayout layout,
-                                                         const FpnThresholds thresholds) {
+__global__ void __launch_bounds__(kThreads)
+    fpn_levels_kernel(const scalar_t* __restrict__ rois, int64_t* __restrict__ levels, const FpnRoiLayout layout,
+                      const FpnThresholds thresholds) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads;
   for (int64_t k = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; k < layout.count; k += step)
     levels[k] = roi_fpn_level(rois, layout, k, thresholds);

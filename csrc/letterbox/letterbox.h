@@ -44,12 +44,12 @@ struct Tap {
 // Columns of the (B, kParamCount) int64 image_params table: where image b lies in the packed buffer and where
 // it lands on the canvas.
 enum ImageParam : int {
-  kOffset = 0,     // byte offset of the image in the packed buffer
-  kInHeight,       // original size
+  kOffset = 0,  // byte offset of the image in the packed buffer
+  kInHeight,    // original size
   kInWidth,
   kResizedHeight,  // size after the resize (LetterBox's new_unpad, reversed)
   kResizedWidth,
-  kPadTop,         // placement of the resized image on the canvas
+  kPadTop,  // placement of the resized image on the canvas
   kPadLeft,
   kParamCount
 };

@@ -33,9 +33,9 @@ std::string shape_string(const at::Tensor& tensor) {
 // Checks one row of image_params against the packed buffer of `packed_size` bytes and the canvas.
 void check_image(const ImageParams& image, int64_t index, int64_t packed_size, const LetterboxShape& shape) {
   const std::string where = "letterbox: image_params row " + std::to_string(index) + ": ";
-  TORCH_CHECK_VALUE(image.in_height > 0 && image.in_width > 0,
-                    where + "the image must be at least 1x1, got " + std::to_string(image.in_height) + "x" +
-                        std::to_string(image.in_width));
+  TORCH_CHECK_VALUE(image.in_height > 0 && image.in_width > 0, where + "the image must be at least 1x1, got " +
+                                                                   std::to_string(image.in_height) + "x" +
+                                                                   std::to_string(image.in_width));
   // Written so that nothing overflows: offset, height and width are each bounded before they are multiplied.
   const int64_t available = image.offset >= 0 && image.offset <= packed_size ? packed_size - image.offset : -1;
   TORCH_CHECK_VALUE(available >= 0 && image.in_width <= available / kChannels &&
@@ -46,9 +46,9 @@ void check_image(const ImageParams& image, int64_t index, int64_t packed_size, c
   TORCH_CHECK_VALUE(image.resized_height > 0 && image.resized_width > 0,
                     where + "the resized size must be positive, got " + std::to_string(image.resized_height) + "x" +
                         std::to_string(image.resized_width));
-  TORCH_CHECK_VALUE(image.pad_top >= 0 && image.pad_left >= 0,
-                    where + "pad_top and pad_left must be >= 0, got " + std::to_string(image.pad_top) + ", " +
-                        std::to_string(image.pad_left));
+  TORCH_CHECK_VALUE(image.pad_top >= 0 && image.pad_left >= 0, where + "pad_top and pad_left must be >= 0, got " +
+                                                                   std::to_string(image.pad_top) + ", " +
+                                                                   std::to_string(image.pad_left));
   TORCH_CHECK_VALUE(image.resized_height <= shape.out_height - image.pad_top &&
                         image.resized_width <= shape.out_width - image.pad_left,
                     where + "the resized image (" + std::to_string(image.resized_height) + "x" +
@@ -72,18 +72,17 @@ LetterboxShape check_letterbox_args(const at::Tensor& images, const at::Tensor& 
   TORCH_CHECK(image_params.is_cpu(),
               "letterbox: image_params must be a CPU tensor (it is checked on the host), got one on " +
                   image_params.device().str());
-  TORCH_CHECK_VALUE(value_table.dim() == 1 && value_table.size(0) == 256,
-                    "letterbox: value_table must hold 256 values (one per byte), got shape " +
-                        shape_string(value_table));
+  TORCH_CHECK_VALUE(
+      value_table.dim() == 1 && value_table.size(0) == 256,
+      "letterbox: value_table must hold 256 values (one per byte), got shape " + shape_string(value_table));
   const at::ScalarType dtype = value_table.scalar_type();
   TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
                    "letterbox: value_table must be float32, float16 or bfloat16, got " + dtype_name(value_table));
   TORCH_CHECK_VALUE(out.dim() == 4 && out.size(0) == image_params.size(0) && out.size(1) == kChannels,
                     "letterbox: out must be (B, 3, height, width) with B = " + std::to_string(image_params.size(0)) +
                         " (the rows of image_params), got shape " + shape_string(out));
-  TORCH_CHECK_TYPE(out.scalar_type() == dtype,
-                   "letterbox: out must have value_table's dtype " + dtype_name(value_table) + ", got " +
-                       dtype_name(out));
+  TORCH_CHECK_TYPE(out.scalar_type() == dtype, "letterbox: out must have value_table's dtype " +
+                                                   dtype_name(value_table) + ", got " + dtype_name(out));
   TORCH_CHECK_VALUE(out.is_contiguous(), "letterbox: out must be contiguous");
   TORCH_CHECK(value_table.device() == images.device() && out.device() == images.device(),
               "letterbox: images, value_table and out must be on one device, got " + images.device().str() + ", " +

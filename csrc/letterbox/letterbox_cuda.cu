@@ -52,9 +52,8 @@ void letterbox_cuda(const at::Tensor& images, const at::Tensor& image_params, co
                     const at::Tensor& out) {
   const LetterboxShape shape = check_letterbox_args(images, image_params, value_table, out);
   TORCH_CHECK(images.is_cuda(), "letterbox: images must be a CUDA tensor");
-  TORCH_CHECK_VALUE(shape.batch <= kMaxGridY,
-                    "letterbox: at most " + std::to_string(kMaxGridY) + " images per call, got " +
-                        std::to_string(shape.batch));
+  TORCH_CHECK_VALUE(shape.batch <= kMaxGridY, "letterbox: at most " + std::to_string(kMaxGridY) +
+                                                  " images per call, got " + std::to_string(shape.batch));
   if (out.numel() == 0) return;
   const c10::cuda::CUDAGuard device_guard(images.device());
   const at::Tensor images_dense = images.contiguous(), table_dense = value_table.contiguous();

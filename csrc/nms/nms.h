@@ -32,10 +32,10 @@ struct NmsParams {
   int64_t num_anchors;
   int64_t num_classes;
   int64_t num_extra;
-  int64_t strides[3];      // element strides of prediction along (B, C, A)
-  float conf_thres;        // conf_thres rounded to the input dtype: torch compares a tensor and a scalar that way
-  bool multi_label;        // already false when nc == 1, as stock
-  float class_offset;      // max_wh, or 0 when agnostic
+  int64_t strides[3];  // element strides of prediction along (B, C, A)
+  float conf_thres;    // conf_thres rounded to the input dtype: torch compares a tensor and a scalar that way
+  bool multi_label;    // already false when nc == 1, as stock
+  float class_offset;  // max_wh, or 0 when agnostic
   int64_t max_det;
   int64_t max_candidates;  // min(max_nms, candidates an image can have): capacity of the per-image sort
   int key_bits;            // bits of the candidate index in a sort key
@@ -189,16 +189,16 @@ YFD_HOST_DEVICE void write_detection(const scalar_t* image_prediction, const Can
   for (int k = 0; k < 4; ++k) row[k] = candidate.box[k];
   row[4] = candidate.score;
   row[5] = static_cast<float>(candidate.cls);
-  const scalar_t* extras = image_prediction + (4 + params.num_classes) * params.strides[1] +
-                           candidate.anchor * params.strides[2];
+  const scalar_t* extras =
+      image_prediction + (4 + params.num_classes) * params.strides[1] + candidate.anchor * params.strides[2];
   for (int64_t e = 0; e < params.num_extra; ++e) row[6 + e] = static_cast<float>(extras[e * params.strides[1]]);
 }
 
 // Validates the operator's arguments (raising errors that name the argument) and fills the parameters that do
 // not depend on the dtype. Defined in nms_cpu.cpp, used by both launchers.
 void check_nms_args(const at::Tensor& prediction, int64_t num_classes, double conf_thres, double iou_thres,
-                    at::OptionalIntArrayRef classes, bool agnostic, bool multi_label, int64_t max_det,
-                    int64_t max_nms, double max_wh, NmsParams& params);
+                    at::OptionalIntArrayRef classes, bool agnostic, bool multi_label, int64_t max_det, int64_t max_nms,
+                    double max_wh, NmsParams& params);
 
 // conf_thres as torch compares it with a tensor of the prediction's dtype: the scalar rounded to that dtype.
 float conf_thres_in_dtype(double conf_thres, at::ScalarType dtype);

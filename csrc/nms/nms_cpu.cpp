@@ -15,8 +15,8 @@
 namespace yolo_fastdetect {
 
 void check_nms_args(const at::Tensor& prediction, int64_t num_classes, double conf_thres, double iou_thres,
-                    at::OptionalIntArrayRef classes, bool agnostic, bool multi_label, int64_t max_det,
-                    int64_t max_nms, double max_wh, NmsParams& params) {
+                    at::OptionalIntArrayRef classes, bool agnostic, bool multi_label, int64_t max_det, int64_t max_nms,
+                    double max_wh, NmsParams& params) {
   TORCH_CHECK_VALUE(prediction.dim() == 3, "batched_nms: prediction must be (B, 4 + nc + nm, A), got ",
                     text(prediction.sizes()));
   TORCH_CHECK_TYPE(prediction.scalar_type() == at::kFloat || prediction.scalar_type() == at::kHalf ||
@@ -46,9 +46,8 @@ void check_nms_args(const at::Tensor& prediction, int64_t num_classes, double co
   const int64_t candidates_per_image = params.num_anchors * (params.multi_label ? num_classes : 1);
   params.max_candidates = std::max<int64_t>(1, std::min(max_nms, candidates_per_image));
   // Candidate indices (anchor * nc + class) and per-bin counts are 32-bit.
-  TORCH_CHECK_VALUE(params.num_anchors * num_classes < (int64_t{1} << 31), "batched_nms: ",
-                    text(params.num_anchors), " anchors x ", text(num_classes),
-                    " classes are too many candidates per image");
+  TORCH_CHECK_VALUE(params.num_anchors * num_classes < (int64_t{1} << 31), "batched_nms: ", text(params.num_anchors),
+                    " anchors x ", text(num_classes), " classes are too many candidates per image");
   const uint64_t last_index = static_cast<uint64_t>(std::max<int64_t>(params.num_anchors * num_classes, 2) - 1);
   params.key_bits = 0;
   while ((last_index >> params.key_bits) != 0) ++params.key_bits;

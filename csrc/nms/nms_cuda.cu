@@ -153,8 +153,7 @@ __global__ void __launch_bounds__(kSuppressThreads)
       const int candidate = static_cast<int>(pair - kept * tile_size);
       const float earlier[4] = {kept_boxes[4 * kept], kept_boxes[4 * kept + 1], kept_boxes[4 * kept + 2],
                                 kept_boxes[4 * kept + 3]};
-      if (iou_above(earlier, tile[candidate].offset_box, iou_thres))
-        atomicOr(&suppressed_by_kept, 1ull << candidate);
+      if (iou_above(earlier, tile[candidate].offset_box, iou_thres)) atomicOr(&suppressed_by_kept, 1ull << candidate);
     }
     if (threadIdx.x < tile_size) {
       uint64_t row = 0;
@@ -191,8 +190,7 @@ __global__ void __launch_bounds__(kSuppressThreads)
   }
 
   // Padding: zero rows and index -1 after the kept ones.
-  for (int64_t element = num_kept * row_size + threadIdx.x; element < params.max_det * row_size;
-       element += blockDim.x)
+  for (int64_t element = num_kept * row_size + threadIdx.x; element < params.max_det * row_size; element += blockDim.x)
     image_detections[element] = 0.f;
   for (int64_t slot = num_kept + threadIdx.x; slot < params.max_det; slot += blockDim.x) image_indices[slot] = -1;
   if (threadIdx.x == 0) counts[image] = num_kept;
@@ -217,7 +215,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batched_nms_cuda(const at::Tensor
   TORCH_CHECK_VALUE(params.batch * capacity < INT_MAX, "batched_nms: batch ", text(params.batch), " x max_nms ",
                     text(capacity), " exceeds the sort's 32-bit item count");
   at::Tensor keys = at::empty({2, params.batch * capacity}, options.dtype(at::kLong));  // selected, then sorted
-  at::Tensor segments = at::empty({2, params.batch}, options.dtype(at::kInt));        // begin, end offsets
+  at::Tensor segments = at::empty({2, params.batch}, options.dtype(at::kInt));          // begin, end offsets
   auto* selected_keys = reinterpret_cast<uint64_t*>(keys[0].mutable_data_ptr<int64_t>());
   auto* sorted_keys = reinterpret_cast<uint64_t*>(keys[1].mutable_data_ptr<int64_t>());
   int* segment_begin = segments[0].mutable_data_ptr<int>();
@@ -237,13 +235,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batched_nms_cuda(const at::Tensor
     const int num_items = static_cast<int>(params.batch * capacity);
     const int num_segments = static_cast<int>(params.batch);
     size_t sort_bytes = 0;
-    C10_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeysDescending(
-        nullptr, sort_bytes, selected_keys, sorted_keys, num_items, num_segments, segment_begin, segment_end, 0,
-        sort_key_bits(params), stream));
+    C10_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeysDescending(nullptr, sort_bytes, selected_keys, sorted_keys,
+                                                                     num_items, num_segments, segment_begin,
+                                                                     segment_end, 0, sort_key_bits(params), stream));
     at::Tensor sort_storage = at::empty({static_cast<int64_t>(sort_bytes)}, options.dtype(at::kByte));
     C10_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeysDescending(
-        sort_storage.mutable_data_ptr(), sort_bytes, selected_keys, sorted_keys, num_items, num_segments,
-        segment_begin, segment_end, 0, sort_key_bits(params), stream));
+        sort_storage.mutable_data_ptr(), sort_bytes, selected_keys, sorted_keys, num_items, num_segments, segment_begin,
+        segment_end, 0, sort_key_bits(params), stream));
 
     suppress_kernel<scalar_t><<<params.batch, kSuppressThreads, kept_shared_bytes, stream>>>(
         prediction_ptr, params, static_cast<float>(iou_thres), sorted_keys, segment_end,

@@ -34,8 +34,8 @@ PoolParams pool_params(const char* op, int64_t pooled_height, int64_t pooled_wid
 void check_rois(const char* op, const at::Tensor& rois, at::ScalarType feature_dtype, at::Device device) {
   TORCH_CHECK_VALUE(rois.dim() == 2 && rois.size(1) == 5, op,
                     ": rois must be (K, 5) [batch_index, x1, y1, x2, y2], got shape ", text(rois.sizes()));
-  const bool float32_boxes_for_16bit = rois.scalar_type() == at::kFloat &&
-                                       (feature_dtype == at::kHalf || feature_dtype == at::kBFloat16);
+  const bool float32_boxes_for_16bit =
+      rois.scalar_type() == at::kFloat && (feature_dtype == at::kHalf || feature_dtype == at::kBFloat16);
   TORCH_CHECK_TYPE(rois.scalar_type() == feature_dtype || float32_boxes_for_16bit, op, ": rois dtype ",
                    rois.scalar_type(), " does not match the features' dtype ", feature_dtype,
                    " (float32 rois are also accepted with float16/bfloat16 features)");
@@ -70,10 +70,10 @@ void check_batch_index_range(const char* op, double lowest, double highest, int6
 
 CheckedArgs check_forward_args(const char* op, at::TensorList features, const at::Tensor& rois,
                                const at::Tensor& roi_levels, int64_t pooled_height, int64_t pooled_width,
-                               at::ArrayRef<double> spatial_scales, int64_t sampling_ratio, bool aligned,
-                               bool max_mode, bool check_batch_index_values) {
-  TORCH_CHECK_VALUE(!features.empty() && features.size() <= static_cast<size_t>(kMaxLevels), op,
-                    ": expected 1 to ", text(kMaxLevels), " feature maps, got ", text(features.size()));
+                               at::ArrayRef<double> spatial_scales, int64_t sampling_ratio, bool aligned, bool max_mode,
+                               bool check_batch_index_values) {
+  TORCH_CHECK_VALUE(!features.empty() && features.size() <= static_cast<size_t>(kMaxLevels), op, ": expected 1 to ",
+                    text(kMaxLevels), " feature maps, got ", text(features.size()));
   const at::Tensor& first = features[0];
   TORCH_CHECK_TYPE(supported_dtype(first.scalar_type()), op,
                    ": features must be float32, float16, bfloat16 or float64, got ", first.scalar_type());
@@ -84,8 +84,8 @@ CheckedArgs check_forward_args(const char* op, at::TensorList features, const at
     TORCH_CHECK_VALUE(map.size(0) == first.size(0) && map.size(1) == first.size(1), op,
                       ": every level must have the same batch and channels, level ", text(level), " has shape ",
                       text(map.sizes()), " and level 0 ", text(first.sizes()));
-    TORCH_CHECK_VALUE(map.size(2) > 0 && map.size(3) > 0, op, ": feature level ", text(level), " is empty: ",
-                      text(map.sizes()));
+    TORCH_CHECK_VALUE(map.size(2) > 0 && map.size(3) > 0, op, ": feature level ", text(level),
+                      " is empty: ", text(map.sizes()));
     TORCH_CHECK_TYPE(map.scalar_type() == first.scalar_type(), op, ": feature level ", text(level), " is ",
                      map.scalar_type(), " but level 0 is ", first.scalar_type());
     TORCH_CHECK(map.device() == first.device(), op, ": feature level ", text(level), " is on ", map.device(),
@@ -103,9 +103,9 @@ CheckedArgs check_forward_args(const char* op, at::TensorList features, const at
 }
 
 CheckedArgs check_backward_args(const char* op, const at::Tensor& grad_output, const at::Tensor& rois,
-                                const at::Tensor& roi_levels, const at::Tensor& argmax,
-                                at::IntArrayRef feature_shapes, at::ArrayRef<double> spatial_scales,
-                                int64_t sampling_ratio, bool aligned, bool max_mode) {
+                                const at::Tensor& roi_levels, const at::Tensor& argmax, at::IntArrayRef feature_shapes,
+                                at::ArrayRef<double> spatial_scales, int64_t sampling_ratio, bool aligned,
+                                bool max_mode) {
   TORCH_CHECK_TYPE(supported_dtype(grad_output.scalar_type()), op,
                    ": grad_output must be float32, float16, bfloat16 or float64, got ", grad_output.scalar_type());
   const size_t num_levels = feature_shapes.size() / 4;
@@ -114,18 +114,17 @@ CheckedArgs check_backward_args(const char* op, const at::Tensor& grad_output, c
                     text(feature_shapes));
   for (size_t level = 0; level < num_levels; ++level) {
     const at::IntArrayRef shape = feature_shapes.slice(4 * level, 4);
-    TORCH_CHECK_VALUE(shape[0] == feature_shapes[0] && shape[1] == feature_shapes[1] && shape[2] > 0 &&
-                          shape[3] > 0,
+    TORCH_CHECK_VALUE(shape[0] == feature_shapes[0] && shape[1] == feature_shapes[1] && shape[2] > 0 && shape[3] > 0,
                       op, ": feature level ", text(level), " has shape ", text(shape),
                       "; levels need the same batch and channels and non-empty maps");
   }
   check_spatial_scales(op, spatial_scales, num_levels);
   check_rois(op, rois, grad_output.scalar_type(), grad_output.device());
   check_roi_levels(op, roi_levels, rois, grad_output.device());
-  TORCH_CHECK_VALUE(grad_output.dim() == 4 && grad_output.size(0) == rois.size(0) &&
-                        grad_output.size(1) == feature_shapes[1],
-                    op, ": grad_output must be (K, C, PH, PW) with K = ", text(rois.size(0)), " and C = ",
-                    text(feature_shapes[1]), ", got ", text(grad_output.sizes()));
+  TORCH_CHECK_VALUE(
+      grad_output.dim() == 4 && grad_output.size(0) == rois.size(0) && grad_output.size(1) == feature_shapes[1], op,
+      ": grad_output must be (K, C, PH, PW) with K = ", text(rois.size(0)), " and C = ", text(feature_shapes[1]),
+      ", got ", text(grad_output.sizes()));
   const PoolParams params =
       pool_params(op, grad_output.size(2), grad_output.size(3), sampling_ratio, aligned, max_mode);
   if (max_mode) {

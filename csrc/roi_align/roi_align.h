@@ -208,13 +208,13 @@ struct CheckedArgs {
 
 CheckedArgs check_forward_args(const char* op, at::TensorList features, const at::Tensor& rois,
                                const at::Tensor& roi_levels, int64_t pooled_height, int64_t pooled_width,
-                               at::ArrayRef<double> spatial_scales, int64_t sampling_ratio, bool aligned,
-                               bool max_mode, bool check_batch_index_values);
+                               at::ArrayRef<double> spatial_scales, int64_t sampling_ratio, bool aligned, bool max_mode,
+                               bool check_batch_index_values);
 
 CheckedArgs check_backward_args(const char* op, const at::Tensor& grad_output, const at::Tensor& rois,
-                                const at::Tensor& roi_levels, const at::Tensor& argmax,
-                                at::IntArrayRef feature_shapes, at::ArrayRef<double> spatial_scales,
-                                int64_t sampling_ratio, bool aligned, bool max_mode);
+                                const at::Tensor& roi_levels, const at::Tensor& argmax, at::IntArrayRef feature_shapes,
+                                at::ArrayRef<double> spatial_scales, int64_t sampling_ratio, bool aligned,
+                                bool max_mode);
 
 // Fills the level table for maps of any strides (the caller keeps `maps` alive).
 template <typename element_t>

@@ -149,9 +149,8 @@ class MultiscaleRoIAlignBackwardFunction : public torch::autograd::Function<Mult
 };
 
 std::tuple<at::Tensor, at::Tensor> roi_align_autograd(const at::Tensor& input, const at::Tensor& rois,
-                                                      int64_t pooled_height, int64_t pooled_width,
-                                                      double spatial_scale, int64_t sampling_ratio, bool aligned,
-                                                      bool max_mode) {
+                                                      int64_t pooled_height, int64_t pooled_width, double spatial_scale,
+                                                      int64_t sampling_ratio, bool aligned, bool max_mode) {
   const variable_list result = RoIAlignFunction::apply(input, rois, pooled_height, pooled_width, spatial_scale,
                                                        sampling_ratio, aligned, max_mode);
   return {result[0], result[1]};
@@ -161,8 +160,7 @@ std::tuple<at::Tensor, at::Tensor> multiscale_roi_align_autograd(at::TensorList 
                                                                  const at::Tensor& roi_levels, int64_t pooled_height,
                                                                  int64_t pooled_width,
                                                                  at::ArrayRef<double> spatial_scales,
-                                                                 int64_t sampling_ratio, bool aligned,
-                                                                 bool max_mode) {
+                                                                 int64_t sampling_ratio, bool aligned, bool max_mode) {
   const variable_list result = MultiscaleRoIAlignFunction::apply(
       features, rois, roi_levels, pooled_height, pooled_width, spatial_scales, sampling_ratio, aligned, max_mode);
   return {result[0], result[1]};
@@ -171,8 +169,8 @@ std::tuple<at::Tensor, at::Tensor> multiscale_roi_align_autograd(at::TensorList 
 at::Tensor roi_align_backward_autograd(const at::Tensor& grad_output, const at::Tensor& rois, const at::Tensor& argmax,
                                        c10::SymIntArrayRef input_shape, double spatial_scale, int64_t sampling_ratio,
                                        bool aligned, bool max_mode) {
-  return RoIAlignBackwardFunction::apply(grad_output, rois, argmax, input_shape, spatial_scale, sampling_ratio,
-                                         aligned, max_mode)[0];
+  return RoIAlignBackwardFunction::apply(grad_output, rois, argmax, input_shape, spatial_scale, sampling_ratio, aligned,
+                                         max_mode)[0];
 }
 
 std::vector<at::Tensor> multiscale_roi_align_backward_autograd(const at::Tensor& grad_output, const at::Tensor& rois,

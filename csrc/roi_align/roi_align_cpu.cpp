@@ -64,8 +64,8 @@ void forward_kernel(const LevelTable<const scalar_t>& levels, const acc_t* rois,
       const acc_t count = static_cast<acc_t>(std::max(bins.grid_h * bins.grid_w, 1));
       const scalar_t* image = levels.data[level] + batch_index * levels.stride_n[level];
       for (int64_t bin = 0; bin < num_bins; ++bin) {
-        bin_taps(bins, bin / params.pooled_width, bin % params.pooled_width, levels.height[level],
-                 levels.width[level], levels.stride_h[level], levels.stride_w[level], taps);
+        bin_taps(bins, bin / params.pooled_width, bin % params.pooled_width, levels.height[level], levels.width[level],
+                 levels.stride_h[level], levels.stride_w[level], taps);
         for (int64_t c = 0; c < channels; ++c) {
           const scalar_t* plane = image + c * levels.stride_c[level];
           acc_t pooled = 0;
@@ -91,9 +91,8 @@ void forward_kernel(const LevelTable<const scalar_t>& levels, const acc_t* rois,
 
 // grads: one (N, C, H, W) buffer per level in the accumulation dtype; grad_output contiguous (K, C, PH, PW).
 template <typename scalar_t, typename acc_t>
-void backward_kernel(const LevelTable<acc_t>& grads, const acc_t* rois, const int64_t* roi_levels,
-                     int64_t num_rois, const PoolParams& params, const scalar_t* grad_output,
-                     const int32_t* argmax) {
+void backward_kernel(const LevelTable<acc_t>& grads, const acc_t* rois, const int64_t* roi_levels, int64_t num_rois,
+                     const PoolParams& params, const scalar_t* grad_output, const int32_t* argmax) {
   const int64_t channels = grads.channels, num_bins = params.pooled_height * params.pooled_width;
   at::parallel_for(0, channels, 1, [&](int64_t channel_begin, int64_t channel_end) {
     std::vector<PointTaps<acc_t>> taps;
@@ -106,8 +105,8 @@ void backward_kernel(const LevelTable<acc_t>& grads, const acc_t* rois, const in
       const acc_t count = static_cast<acc_t>(std::max(bins.grid_h * bins.grid_w, 1));
       acc_t* image = grads.data[level] + batch_index * grads.stride_n[level];
       for (int64_t bin = 0; bin < num_bins; ++bin) {
-        bin_taps(bins, bin / params.pooled_width, bin % params.pooled_width, grads.height[level],
-                 grads.width[level], grads.stride_h[level], grads.stride_w[level], taps);
+        bin_taps(bins, bin / params.pooled_width, bin % params.pooled_width, grads.height[level], grads.width[level],
+                 grads.stride_h[level], grads.stride_w[level], taps);
         for (int64_t c = channel_begin; c < channel_end; ++c) {
           const int64_t out_index = (k * channels + c) * num_bins + bin;
           const acc_t gradient = static_cast<acc_t>(grad_output[out_index]);
@@ -143,11 +142,10 @@ std::tuple<at::Tensor, at::Tensor> multiscale_forward_cpu(at::TensorList feature
   const at::Tensor kernel_rois = rois_for_kernel(rois);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, first.scalar_type(), "roi_align_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    forward_kernel<scalar_t, acc_t>(level_table<const scalar_t>(features, spatial_scales),
-                                    kernel_rois.const_data_ptr<acc_t>(),
-                                    args.roi_levels.defined() ? args.roi_levels.const_data_ptr<int64_t>() : nullptr,
-                                    num_rois, args.params, out.mutable_data_ptr<scalar_t>(),
-                                    max_mode ? argmax.mutable_data_ptr<int32_t>() : nullptr);
+    forward_kernel<scalar_t, acc_t>(
+        level_table<const scalar_t>(features, spatial_scales), kernel_rois.const_data_ptr<acc_t>(),
+        args.roi_levels.defined() ? args.roi_levels.const_data_ptr<int64_t>() : nullptr, num_rois, args.params,
+        out.mutable_data_ptr<scalar_t>(), max_mode ? argmax.mutable_data_ptr<int32_t>() : nullptr);
   });
   return {out, argmax};
 }
@@ -169,20 +167,19 @@ std::vector<at::Tensor> multiscale_backward_cpu(const at::Tensor& grad_output, c
     const at::Tensor kernel_rois = rois_for_kernel(rois);
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "roi_align_backward_cpu", [&] {
       using acc_t = at::opmath_type<scalar_t>;
-      backward_kernel<scalar_t, acc_t>(
-          level_table<acc_t>(grads, spatial_scales), kernel_rois.const_data_ptr<acc_t>(),
-          args.roi_levels.defined() ? args.roi_levels.const_data_ptr<int64_t>() : nullptr, rois.size(0),
-          args.params, grad_contiguous.const_data_ptr<scalar_t>(),
-          max_mode ? argmax_contiguous.const_data_ptr<int32_t>() : nullptr);
+      backward_kernel<scalar_t, acc_t>(level_table<acc_t>(grads, spatial_scales), kernel_rois.const_data_ptr<acc_t>(),
+                                       args.roi_levels.defined() ? args.roi_levels.const_data_ptr<int64_t>() : nullptr,
+                                       rois.size(0), args.params, grad_contiguous.const_data_ptr<scalar_t>(),
+                                       max_mode ? argmax_contiguous.const_data_ptr<int32_t>() : nullptr);
     });
   }
   for (auto& grad : grads) grad = grad.to(dtype);
   return grads;
 }
 
-std::tuple<at::Tensor, at::Tensor> roi_align_cpu(const at::Tensor& input, const at::Tensor& rois,
-                                                 int64_t pooled_height, int64_t pooled_width, double spatial_scale,
-                                                 int64_t sampling_ratio, bool aligned, bool max_mode) {
+std::tuple<at::Tensor, at::Tensor> roi_align_cpu(const at::Tensor& input, const at::Tensor& rois, int64_t pooled_height,
+                                                 int64_t pooled_width, double spatial_scale, int64_t sampling_ratio,
+                                                 bool aligned, bool max_mode) {
   return multiscale_forward_cpu({input}, rois, at::Tensor(), pooled_height, pooled_width, {spatial_scale},
                                 sampling_ratio, aligned, max_mode);
 }
@@ -190,8 +187,8 @@ std::tuple<at::Tensor, at::Tensor> roi_align_cpu(const at::Tensor& input, const 
 at::Tensor roi_align_backward_cpu(const at::Tensor& grad_output, const at::Tensor& rois, const at::Tensor& argmax,
                                   at::IntArrayRef input_shape, double spatial_scale, int64_t sampling_ratio,
                                   bool aligned, bool max_mode) {
-  return multiscale_backward_cpu(grad_output, rois, at::Tensor(), argmax, input_shape, {spatial_scale},
-                                 sampling_ratio, aligned, max_mode)[0];
+  return multiscale_backward_cpu(grad_output, rois, at::Tensor(), argmax, input_shape, {spatial_scale}, sampling_ratio,
+                                 aligned, max_mode)[0];
 }
 
 }  // namespace

@@ -116,9 +116,9 @@ __global__ void __launch_bounds__(kMaxThreads)
 // grads: one NHWC buffer per level in the accumulation type; grad_output and argmax contiguous (K, C, PH, PW).
 template <typename scalar_t, typename acc_t, int V, bool kMaxMode>
 __global__ void __launch_bounds__(kMaxThreads)
-    roi_align_backward_kernel(const LevelTable<acc_t> grads, const RoiRows rois,
-                              const int64_t* __restrict__ roi_levels, const PoolParams params, const Tiling tiling,
-                              const scalar_t* __restrict__ grad_output, const int32_t* __restrict__ argmax) {
+    roi_align_backward_kernel(const LevelTable<acc_t> grads, const RoiRows rois, const int64_t* __restrict__ roi_levels,
+                              const PoolParams params, const Tiling tiling, const scalar_t* __restrict__ grad_output,
+                              const int32_t* __restrict__ argmax) {
   extern __shared__ __align__(16) unsigned char shared_memory[];
   const BlockTiles<scalar_t> tiles(shared_memory, tiling);
   const BlockWork work = block_work(tiling, params);
@@ -157,14 +157,12 @@ __global__ void __launch_bounds__(kMaxThreads)
           const int32_t best_sample = lane_argmax[v * tiling.bins_per_block + b];
           if (best_sample < 0 || best_sample >= num_samples) continue;
           const int iy = best_sample / grid.bins.grid_w;
-          const auto taps =
-              point_taps(grid.template y_taps<kTabulated>(ph, iy),
-                         grid.template x_taps<kTabulated>(pw, best_sample - iy * grid.bins.grid_w));
+          const auto taps = point_taps(grid.template y_taps<kTabulated>(ph, iy),
+                                       grid.template x_taps<kTabulated>(pw, best_sample - iy * grid.bins.grid_w));
           if (!taps.valid) continue;
           const acc_t gradient = static_cast<acc_t>(lane_gradients[v * tiling.bins_per_block + b]);
 #pragma unroll
-          for (int tap = 0; tap < 4; ++tap)
-            atomicAdd(lane_image + taps.offset[tap] + v, taps.weight[tap] * gradient);
+          for (int tap = 0; tap < 4; ++tap) atomicAdd(lane_image + taps.offset[tap] + v, taps.weight[tap] * gradient);
         }
       } else {
         acc_t share[V], contribution[V];
@@ -256,11 +254,11 @@ std::tuple<at::Tensor, at::Tensor> multiscale_forward_cuda(at::TensorList featur
       const Tiling tiling =
           make_tiling(channels_last, num_rois, channels, args.params, V, sizeof(scalar_t), kTapTableBytes<acc_t>);
       // Avg and max mode are separate kernels: max mode's per-channel argmax state would cost avg mode registers.
-      const auto kernel =
-          max_mode ? (tiling.all_tabulated ? roi_align_forward_kernel<scalar_t, acc_t, V, true, true>
-                                           : roi_align_forward_kernel<scalar_t, acc_t, V, true, false>)
-                   : (tiling.all_tabulated ? roi_align_forward_kernel<scalar_t, acc_t, V, false, true>
-                                           : roi_align_forward_kernel<scalar_t, acc_t, V, false, false>);
+      const auto kernel = max_mode
+                              ? (tiling.all_tabulated ? roi_align_forward_kernel<scalar_t, acc_t, V, true, true>
+                                                      : roi_align_forward_kernel<scalar_t, acc_t, V, true, false>)
+                              : (tiling.all_tabulated ? roi_align_forward_kernel<scalar_t, acc_t, V, false, true>
+                                                      : roi_align_forward_kernel<scalar_t, acc_t, V, false, false>);
       allow_shared_memory(kernel, tiling.shared_bytes);
       // After a relayout (the transpose, or copy_ for other strides; sm_90 and later), the pooling kernel is launched
       // as the relayout kernel's programmatic dependent: its blocks start once the transpose's last blocks run (once
@@ -319,8 +317,8 @@ std::vector<at::Tensor> multiscale_backward_cuda(const at::Tensor& grad_output, 
                                      : roi_align_backward_kernel<scalar_t, acc_t, V, false>;
         allow_shared_memory(kernel, tiling.shared_bytes);
         kernel<<<tiling.blocks, tiling.threads, tiling.shared_bytes, stream>>>(
-            level_table<acc_t>(buffers, spatial_scales), roi_rows(rois),
-            levels_or_null(args.roi_levels), args.params, tiling, grad_contiguous.const_data_ptr<scalar_t>(),
+            level_table<acc_t>(buffers, spatial_scales), roi_rows(rois), levels_or_null(args.roi_levels), args.params,
+            tiling, grad_contiguous.const_data_ptr<scalar_t>(),
             max_mode ? argmax_contiguous.const_data_ptr<int32_t>() : nullptr);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       });
@@ -347,8 +345,8 @@ std::tuple<at::Tensor, at::Tensor> roi_align_cuda(const at::Tensor& input, const
 at::Tensor roi_align_backward_cuda(const at::Tensor& grad_output, const at::Tensor& rois, const at::Tensor& argmax,
                                    at::IntArrayRef input_shape, double spatial_scale, int64_t sampling_ratio,
                                    bool aligned, bool max_mode) {
-  return multiscale_backward_cuda(grad_output, rois, at::Tensor(), argmax, input_shape, {spatial_scale},
-                                  sampling_ratio, aligned, max_mode)[0];
+  return multiscale_backward_cuda(grad_output, rois, at::Tensor(), argmax, input_shape, {spatial_scale}, sampling_ratio,
+                                  aligned, max_mode)[0];
 }
 
 }  // namespace

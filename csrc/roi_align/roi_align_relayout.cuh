@@ -91,7 +91,7 @@ at::Tensor relayout(const at::Tensor& map, at::ScalarType out_dtype, at::MemoryF
   with_packet_width<kMaxBytes, wider_t>(width, [&](auto packet) {
     transpose_kernel<in_t, out_t, decltype(packet)::value>
         <<<dim3(grid_x, grid_y, batch), kTransposeThreads, 0, stream>>>(map.const_data_ptr<in_t>(),
-                                                                       out.mutable_data_ptr<out_t>(), rows, cols);
+                                                                        out.mutable_data_ptr<out_t>(), rows, cols);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;

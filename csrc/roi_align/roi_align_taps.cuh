@@ -117,8 +117,7 @@ struct SampleGrid {
   }
 
   __device__ __forceinline__ AxisTaps<acc_t> compute_x(int pw, int ix) const {
-    return axis_taps(sample_coordinate(bins.start_x, bins.bin_width, pw, ix, bins.grid_w), plane.width,
-                     plane.stride_w);
+    return axis_taps(sample_coordinate(bins.start_x, bins.bin_width, pw, ix, bins.grid_w), plane.width, plane.stride_w);
   }
 
   // Max mode: a sample's axis taps.
@@ -166,12 +165,12 @@ __device__ __forceinline__ SampleGrid<acc_t> sample_grid(const RoiBins<acc_t>& b
       int32_t* counts = reinterpret_cast<int32_t*>(taps + 4 * kTapTable);
       for (int i = threadIdx.x; i < pooled_height + pooled_width; i += blockDim.x) {
         if (i < pooled_height) {
-          counts[i] = merge_bin_taps<acc_t>(bins.grid_h, [&](int iy) { return grid.compute_y(i, iy); },
-                                            taps + i * 2 * bins.grid_h);
+          counts[i] = merge_bin_taps<acc_t>(
+              bins.grid_h, [&](int iy) { return grid.compute_y(i, iy); }, taps + i * 2 * bins.grid_h);
         } else {
           const int pw = i - pooled_height;
-          counts[kTapTable + pw] = merge_bin_taps<acc_t>(bins.grid_w, [&](int ix) { return grid.compute_x(pw, ix); },
-                                                         taps + 2 * kTapTable + pw * 2 * bins.grid_w);
+          counts[kTapTable + pw] = merge_bin_taps<acc_t>(
+              bins.grid_w, [&](int ix) { return grid.compute_x(pw, ix); }, taps + 2 * kTapTable + pw * 2 * bins.grid_w);
         }
       }
     }

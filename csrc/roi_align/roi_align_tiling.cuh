@@ -57,9 +57,9 @@ inline Tiling make_tiling(at::TensorList maps, int64_t num_rois, int64_t channel
                           int vector_width, int64_t value_size, int64_t table_bytes) {
   Tiling tiling;
   tiling.tap_tables = plane_offsets_fit_int32(maps);
-  tiling.all_tabulated = params.sampling_ratio > 0 && tabulates(tiling.tap_tables, params.pooled_height,
-                                                                 params.pooled_width, params.sampling_ratio,
-                                                                 params.sampling_ratio);
+  tiling.all_tabulated =
+      params.sampling_ratio > 0 && tabulates(tiling.tap_tables, params.pooled_height, params.pooled_width,
+                                             params.sampling_ratio, params.sampling_ratio);
   const int64_t num_bins = params.pooled_height * params.pooled_width;
   const bool max_mode = params.max_mode;
   const int64_t packets = (channels + vector_width - 1) / vector_width;
@@ -196,10 +196,14 @@ __device__ __forceinline__ void load_roi(const RoiRows& rois, int64_t k, acc_t (
     for (int j = 0; j < 5; ++j) roi[j] = static_cast<acc_t>(row[j * rois.stride_j]);
   };
   switch (rois.dtype) {
-    case RoiRows::Dtype::kFloat: return load(static_cast<const float*>(nullptr));
-    case RoiRows::Dtype::kDouble: return load(static_cast<const double*>(nullptr));
-    case RoiRows::Dtype::kHalf: return load(static_cast<const at::Half*>(nullptr));
-    case RoiRows::Dtype::kBFloat16: return load(static_cast<const at::BFloat16*>(nullptr));
+    case RoiRows::Dtype::kFloat:
+      return load(static_cast<const float*>(nullptr));
+    case RoiRows::Dtype::kDouble:
+      return load(static_cast<const double*>(nullptr));
+    case RoiRows::Dtype::kHalf:
+      return load(static_cast<const at::Half*>(nullptr));
+    case RoiRows::Dtype::kBFloat16:
+      return load(static_cast<const at::BFloat16*>(nullptr));
   }
 }
 

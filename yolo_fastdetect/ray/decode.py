@@ -16,10 +16,9 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from ..sources import OrderedPrefetch
 # files._decode is the folder source's decode: Ultralytics' imread, PIL plugins kept serial (no upload-ahead here:
 # the actor hands model.predict decoded arrays).
-from ..sources import files
+from ..sources import OrderedPrefetch, files
 
 
 def decode_bytes(data: bytes, path: str, flags: int = cv2.IMREAD_COLOR) -> np.ndarray | None:
