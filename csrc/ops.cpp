@@ -7,9 +7,11 @@
 TORCH_LIBRARY(yolo_fastdetect, m) {
   // Detect-head decode: DFL expectation (reg_max 16) or identity (reg_max 1), distance-to-box around the
   // anchor centres of every level, times the level stride, and class sigmoid, for all levels in one pass.
-  // level_shapes is [h0, w0, h1, w1, ...]; returns (B, 4 + nc, A) in the input dtype.
+  // level_shapes is [h0, w0, h1, w1, ...]; returns (B, 4 + nc, A) in the input dtype. SymInt[]: under
+  // torch.compile with dynamic shapes the grid sizes are symbols, and with int[] inductor baked the sizes of the
+  // shape it traced into the graph without a guard (the next input shape failed the anchor-count check).
   m.def(
-      "detect_decode(Tensor boxes, Tensor scores, int[] level_shapes, float[] level_strides, int reg_max, "
+      "detect_decode(Tensor boxes, Tensor scores, SymInt[] level_shapes, float[] level_strides, int reg_max, "
       "bool xywh) -> Tensor");
 
   // RoIAlign (mmcv / torchvision semantics): pools every RoI [batch_index, x1, y1, x2, y2] (input pixels) of

@@ -43,18 +43,36 @@ def _fast_path_applies(head: Detect, x: dict) -> bool:
     return len(feats) == len(head.stride) and boxes.shape[2] == sum(f.shape[2] * f.shape[3] for f in feats)
 
 
+@torch.compiler.assume_constant_result
+def _level_strides(stride: torch.Tensor) -> list[float]:
+    """The head's level strides (``head.stride``, a tensor) as Python floats.
+
+    Reading a tensor's values in traced code is a graph break (``.item()``). Marked as a constant result,
+    torch.compile calls this once, eagerly, while it traces, and bakes the floats into the graph: the strides are
+    fixed when the model is built."""
+    return [float(s) for s in stride.tolist()]
+
+
 def _level_layout(head: Detect, feats: list[torch.Tensor]) -> tuple[list[int], list[float]]:
-    """Flattened ``[h0, w0, h1, w1, ...]`` and the level strides; cached per input shape (reading the stride
-    tensor from the GPU synchronises, so it happens when the anchors are rebuilt, not on every call)."""
-    shape = feats[0].shape
-    if head.dynamic or head.shape != shape:
-        head.anchors, head.strides = (a.transpose(0, 1) for a in make_anchors(feats, head.stride, 0.5))
-        head.shape = shape
+    """Flattened ``[h0, w0, h1, w1, ...]`` and the level strides, keeping ``head.anchors``, ``head.strides`` and
+    ``head.shape`` as stock's ``_get_decode_boxes`` does.
+
+    Eagerly both are cached per input shape (reading the stride tensor from the GPU synchronises, so it happens
+    when the anchors are rebuilt, not on every call). Under torch.compile the anchors are rebuilt on every call
+    instead and no cache is read: a few fused arange kernels in the graph, where reading ``head.shape`` would
+    guard on it, so that the shape's second call (``head.shape`` now set) recompiled the whole network."""
     level_shapes = [size for f in feats for size in f.shape[2:]]
-    cached = head.__dict__.get("_yolo_fastdetect_levels")
+    compiling = torch.compiler.is_compiling()
+    cached = None if compiling else head.__dict__.get("_yolo_fastdetect_levels")
     if cached is None or cached[0] != level_shapes:
-        cached = (level_shapes, [float(s) for s in head.stride])
-        head._yolo_fastdetect_levels = cached
+        cached = (level_shapes, _level_strides(head.stride))
+        if not compiling:
+            head._yolo_fastdetect_levels = cached
+    shape = feats[0].shape
+    if compiling or head.dynamic or head.shape != shape:
+        # Python floats as the strides: make_anchors fills with them, where a tensor element is an .item() call.
+        head.anchors, head.strides = (a.transpose(0, 1) for a in make_anchors(feats, cached[1], 0.5))
+        head.shape = shape
     return cached
 
 

@@ -77,3 +77,27 @@ def test_cpu_smoke_run_and_plot(tmp_path, capsys):
                           env=subprocess_env(), capture_output=True, text=True, timeout=120)
     assert plot.returncode == 0, plot.stderr
     assert image.stat().st_size > 10_000
+
+
+def test_compile_rows(monkeypatch, capsys):
+    """``--compile MODE``: per batch an eager row, then a row per mode, each side from a new predictor (its own
+    compilation counted in its warm-up) and with the package on for ours only."""
+    import yolo_fastdetect
+
+    calls = []
+
+    def fake_time_predict(model, images, batch, device, warmup, iters, compile_mode=False):
+        calls.append((yolo_fastdetect.is_enabled(), compile_mode, model.predictor is None))
+        return {"ms_per_image": 1.0, "images_per_s": 1e3, "stages_ms_per_image": dict.fromkeys(e2e.STAGES, 0.3),
+                "warmup_s": 2.5, "results": results([[10, 10, 50, 50, 0.9, 0]])}
+
+    monkeypatch.setattr(e2e, "time_predict", fake_time_predict)
+    monkeypatch.setattr(e2e, "detecting_model", lambda name: type("Model", (), {"predictor": "set up"})())
+    e2e.main(["--device", "cpu", "--models", "yolo12n.yaml", "--batches", "1", "--compile", "true",
+              "reduce-overhead"])
+    yolo_fastdetect.enable()
+    assert calls == [(False, False, False), (True, False, False), (False, True, True), (True, True, True),
+                     (False, "reduce-overhead", True), (True, "reduce-overhead", True)]
+    out = capsys.readouterr().out
+    assert "| yolo12n.yaml | 1 | - |" in out and "| yolo12n.yaml | 1 | reduce-overhead |" in out
+    assert "| 2.5 / 2.5 |" in out  # the warm-up column

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from conftest import devices
+from yolo_fastdetect._ext import require
 from yolo_fastdetect.ops import detect_decode, detect_decode_reference
 
 # (level grid sizes, strides): 640x640, 480x640 (letterboxed bus.jpg), 320x256, four levels, one level.
@@ -111,6 +112,25 @@ def test_torch_compile_fullgraph(generator):
                              backend="aot_eager")
     torch.testing.assert_close(compiled(boxes, scores), detect_decode(boxes, scores, level_shapes, level_strides) * 2)
 
+
+def test_torch_compile_dynamic_shapes(generator):
+    """Under torch.compile the grid sizes become symbols once the input size changes (automatic dynamic shapes):
+    the operator's ``SymInt[]`` sizes follow them, so the graph compiled for the second size decodes the third
+    right. (With ``int[]`` a yolo11n forward compiled by inductor baked the second size's grids into its graph and
+    failed the anchor-count check at the third size; this operator-only graph did not show that.)"""
+
+    def decode(boxes, scores, *levels):  # the grid sizes come from tensor shapes, as in the head
+        return torch.ops.yolo_fastdetect.detect_decode(
+            boxes, scores, [size for level in levels for size in level.shape], [8.0, 16.0, 32.0], 16, True
+        )
+
+    require()  # the operator is called directly: load it
+    compiled = torch.compile(decode, backend="inductor", fullgraph=True)
+    for name in ("320x256", "480x640", "odd-anchors"):
+        level_shapes, _ = LAYOUTS[name]
+        boxes, scores = random_head_outputs(generator, 1, 3, level_shapes, 16, torch.float32, "cpu")
+        levels = [torch.empty(h, w) for h, w in level_shapes]
+        assert torch.equal(compiled(boxes, scores, *levels), decode(boxes, scores, *levels)), name
 
 def _call(device, boxes_shape=(2, 64, 91), scores_shape=(2, 5, 91), level_shapes=((7, 13),), level_strides=(16,),
           reg_max=16, dtype=torch.float32, scores_dtype=None, scores_device=None):

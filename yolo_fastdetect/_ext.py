@@ -226,6 +226,11 @@ def _first_line(error: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+# Both queries below are marked as constant results: the patched head asks them inside the network's forward, and
+# torch.compile would otherwise trace into them, breaking the graph at the first call's file checks (pathlib) and at
+# the dispatcher query. Marked, it calls them once, eagerly, while it traces, and keeps the answer as a constant:
+# once loaded (or failed) the operators stay so for the life of the process.
+@torch.compiler.assume_constant_result
 def available() -> bool:
     """Whether the operators are loaded; builds them on first call, warns once and returns False on failure."""
     if _state["loaded"] is None:
@@ -243,6 +248,7 @@ def available() -> bool:
     return bool(_state["loaded"])
 
 
+@torch.compiler.assume_constant_result
 def has_cuda_kernels() -> bool:
     """Whether the loaded library carries CUDA kernels (it was built with nvcc)."""
     return available() and torch._C._dispatch_has_kernel_for_dispatch_key("yolo_fastdetect::detect_decode", "CUDA")

@@ -10,7 +10,15 @@ Per model and batch: ``--warmup`` calls (enough for the graphs to be captured), 
 bracketed by CUDA events. Reported: the median wall time per image and images/s, the median of Ultralytics' own
 per-image stage times (``Results.speed``), the speed-up, and whether stock and ours detect the same on the last
 timed call (boxes per side, largest distance from one of our boxes to stock's nearest box of its class).
-Options: ``--models``, ``--batches``, ``--iters``, ``--warmup``, ``--json PATH`` (raw numbers, for
+The warm-up calls' wall time is reported too (seconds, both sides).
+
+``--compile MODE [MODE ...]`` adds, per model and batch, a row per mode (``default``, ``reduce-overhead``,
+``max-autotune-no-cudagraphs``, ...) with stock and ours each predicting through Ultralytics' ``compile=MODE``
+(``torch.compile`` of the ``AutoBackend`` model, inductor). Each side starts from a new predictor and an empty dynamo
+cache, so its warm-up includes all of its own compilation. Inductor's on-disk cache (``TORCHINDUCTOR_CACHE_DIR``)
+shortens a repeated run's warm-up: point it at an empty folder for the first run's numbers.
+
+Options: ``--models``, ``--batches``, ``--iters``, ``--warmup``, ``--compile``, ``--json PATH`` (raw numbers, for
 ``benchmarks/plot_e2e.py``), ``--device cpu`` (a smoke run with a wall clock; the patch changes nothing there),
 ``--profile`` (instead of the table, where the host time of a patched call goes: cProfile over ``--iters`` calls of
 the first model at the first batch size after ``--warmup`` calls, the 40 costliest functions by cumulative time).
@@ -45,12 +53,19 @@ def batch_images(images: list[np.ndarray], batch: int, call: int) -> list[np.nda
     return [images[(call + i) % len(images)] for i in range(batch)]
 
 
-def time_predict(model, images: list[np.ndarray], batch: int, device: str, warmup: int, iters: int) -> dict:
-    """Time ``model.predict`` as it is currently patched (or not); the numbers and the last call's results."""
+def time_predict(model, images: list[np.ndarray], batch: int, device: str, warmup: int, iters: int,
+                 compile_mode: bool | str = False) -> dict:
+    """Time ``model.predict`` as it is currently patched (or not), with Ultralytics' ``compile=compile_mode``; the
+    numbers and the last call's results."""
     cuda = device == "cuda"
-    options = {"device": device, "batch": batch, "verbose": False, "quantize": 16 if cuda else None}  # half=True
+    options = {"device": device, "batch": batch, "verbose": False, "quantize": 16 if cuda else None,  # half=True
+               "compile": compile_mode}
+    begin = time.perf_counter()
     for call in range(warmup):
         model.predict(batch_images(images, batch, call), **options)
+    if cuda:
+        torch.cuda.synchronize()
+    warmup_s = time.perf_counter() - begin
     wall, speeds = [], []
     for call in range(iters):
         sources = batch_images(images, batch, call)
@@ -72,6 +87,7 @@ def time_predict(model, images: list[np.ndarray], batch: int, device: str, warmu
         "ms_per_image": ms / batch,
         "images_per_s": batch * 1e3 / ms,
         "stages_ms_per_image": {stage: statistics.median(s[stage] for s in speeds) for stage in STAGES},
+        "warmup_s": warmup_s,
         "results": results,
     }
 
@@ -118,22 +134,27 @@ def _untied(scores: torch.Tensor) -> torch.Tensor:
 
 
 def bench_model(name: str, images: list[np.ndarray], batches: list[int], device: str, warmup: int,
-                iters: int) -> list[dict]:
-    """Stock and ours for one model at each batch size."""
+                iters: int, compile_modes: list[bool | str] = ()) -> list[dict]:
+    """Stock and ours for one model at each batch size: eager, then with each of ``compile_modes``."""
     import yolo_fastdetect
 
     model = detecting_model(name)
     rows = []
     for batch in batches:
-        row = {"model": name, "batch": batch}
-        for side, switch in (("stock", yolo_fastdetect.disable), ("ours", yolo_fastdetect.enable)):
-            switch()
-            row[side] = time_predict(model, images, batch, device, warmup, iters)
-        row["speedup"] = row["stock"]["ms_per_image"] / row["ours"]["ms_per_image"]
-        row["detections"] = detection_difference(row["ours"].pop("results"), row["stock"].pop("results"))
-        rows.append(row)
-        print(f"  {name} batch {batch}: stock {row['stock']['ms_per_image']:.3f}, ours "
-              f"{row['ours']['ms_per_image']:.3f} ms/image", flush=True)
+        for compile_mode in (False, *compile_modes):
+            row = {"model": name, "batch": batch, "compile": compile_mode}
+            for side, switch in (("stock", yolo_fastdetect.disable), ("ours", yolo_fastdetect.enable)):
+                switch()
+                if compile_mode:  # a new predictor compiles afresh: no graphs of the other side to reuse or guard
+                    model.predictor = None
+                    torch._dynamo.reset()
+                row[side] = time_predict(model, images, batch, device, warmup, iters, compile_mode)
+            row["speedup"] = row["stock"]["ms_per_image"] / row["ours"]["ms_per_image"]
+            row["detections"] = detection_difference(row["ours"].pop("results"), row["stock"].pop("results"))
+            rows.append(row)
+            print(f"  {name} batch {batch} compile={compile_mode}: stock {row['stock']['ms_per_image']:.3f}, ours "
+                  f"{row['ours']['ms_per_image']:.3f} ms/image; warm-up stock {row['stock']['warmup_s']:.1f} s, "
+                  f"ours {row['ours']['warmup_s']:.1f} s", flush=True)
     return rows
 
 
@@ -161,12 +182,18 @@ def profile_predict(name: str, images: list[np.ndarray], batch: int, device: str
     pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
 
 
+def parse_compile_mode(text: str) -> bool | str:
+    """``--compile``'s value as Ultralytics' ``compile=`` takes it: ``true`` is True (torch.compile's default mode),
+    anything else a torch.compile mode name."""
+    return True if text.lower() in ("true", "1") else text
+
+
 def markdown_table(rows: list[dict]) -> str:
     header = (
-        "| model | batch | stock ms/img | ours ms/img | speed-up | stock img/s | ours img/s | "
-        "stock pre / inf / post | ours pre / inf / post | boxes stock / ours | max box diff (px), untied scores "
-        "(tied boxes) |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|"
+        "| model | batch | compile | stock ms/img | ours ms/img | speed-up | stock img/s | ours img/s | "
+        "stock pre / inf / post | ours pre / inf / post | warm-up s stock / ours | boxes stock / ours | "
+        "max box diff (px), untied scores (tied boxes) |\n"
+        "|---|---:|---|---:|---:|---:|---:|---:|---|---|---:|---:|---:|"
     )
     lines = [header]
     for row in rows:
@@ -176,9 +203,10 @@ def markdown_table(rows: list[dict]) -> str:
             return " / ".join(f"{side['stages_ms_per_image'][stage]:.3f}" for stage in STAGES)
 
         lines.append(
-            f"| {row['model']} | {row['batch']} | {stock['ms_per_image']:.3f} | {ours['ms_per_image']:.3f} | "
-            f"{row['speedup']:.2f}x | {stock['images_per_s']:.0f} | {ours['images_per_s']:.0f} | {stages(stock)} | "
-            f"{stages(ours)} | {detections['stock']} / {detections['ours']} | "
+            f"| {row['model']} | {row['batch']} | {row['compile'] or '-'} | {stock['ms_per_image']:.3f} | "
+            f"{ours['ms_per_image']:.3f} | {row['speedup']:.2f}x | {stock['images_per_s']:.0f} | "
+            f"{ours['images_per_s']:.0f} | {stages(stock)} | {stages(ours)} | "
+            f"{stock['warmup_s']:.1f} / {ours['warmup_s']:.1f} | {detections['stock']} / {detections['ours']} | "
             f"{detections['max_box_diff_px_untied']:.2g} ({detections['tied']}) |"
         )
     return "\n".join(lines)
@@ -191,6 +219,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--iters", type=int, default=20, help="timed calls per row (default 20)")
     parser.add_argument("--warmup", type=int, default=6, help="untimed calls first; >= 4 captures both batch-1 shapes")
+    parser.add_argument("--compile", nargs="+", default=[], type=parse_compile_mode, metavar="MODE",
+                        help="also rows with Ultralytics' compile=MODE (true/default, reduce-overhead, "
+                             "max-autotune-no-cudagraphs, ...), stock and ours")
     parser.add_argument("--json", type=Path, help="also write the raw numbers to this file")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a smoke run only")
     parser.add_argument("--profile", action="store_true",
@@ -207,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     environment = environment_line()
     print(f"model.predict end to end: {environment}", flush=True)
     rows = [row for name in args.models for row in bench_model(name, images, args.batches, args.device,
-                                                              args.warmup, args.iters)]
+                                                              args.warmup, args.iters, args.compile)]
     precision, clock = ("fp16", "CUDA events") if args.device == "cuda" else ("fp32", "wall clock")
     print(f"\nmodel.predict on bus.jpg/zidane.jpg (numpy, alternating), {precision}, {args.device}: median of "
           f"{args.iters} calls after {args.warmup} warm-up; ms per image (wall: {clock} around each call; "
