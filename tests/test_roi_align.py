@@ -139,7 +139,9 @@ def test_double_backward_is_refused(generator, device, pool_mode):
         (gradient,) = torch.autograd.grad((call() ** 2).sum(), x, create_graph=True)
         (plain,) = torch.autograd.grad((call() ** 2).sum(), x)
         assert gradient.requires_grad
-        torch.testing.assert_close(gradient, plain, rtol=0, atol=0)
+        # Equal on the CPU; on CUDA the backward's atomic adds sum in any order (1e-16 apart on the H200).
+        exact = x.device.type == "cpu"
+        torch.testing.assert_close(gradient, plain, rtol=0 if exact else 1e-12, atol=0 if exact else 1e-12)
         if op == "roi_align":
             torch.testing.assert_close(gradient.cpu(), expected, rtol=1e-10, atol=1e-10)
         with pytest.raises(RuntimeError, match=f"{op}: double backward .* is not supported"):
