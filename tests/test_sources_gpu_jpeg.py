@@ -52,7 +52,12 @@ def test_folder_with_gpu_jpeg_decoding_matches_stock_but_for_nvjpeg_rounding(mod
     monkeypatch.setenv("YOLO_FASTDETECT_GPU_JPEG", "1")
     stock, ours = stock_and_ours(model, str(corpus), batch=batch, device="cuda")
     print("largest pixel gap to stock's decode:", assert_close_to_stock(stock["results"], ours["results"]))
-    assert ours["batches"] == stock["batches"]
+    # Batches: the same paths, shapes, counters and info prefixes; the detections logged after the prefix may differ.
+    def without_detections(batches):
+        return [(paths, shapes, [text.split(": ")[0] for text in info], counters)
+                for paths, shapes, info, counters in batches]
+
+    assert without_detections(ours["batches"]) == without_detections(stock["batches"])
     assert [line for line in ours["log"] if "ms" not in line] == [line for line in stock["log"] if "ms" not in line]
     assert len(taken) == len(ours["batches"])
     assert all(copies is not None for copies, (paths, _, _, _) in zip(taken, ours["batches"])
