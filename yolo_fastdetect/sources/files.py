@@ -110,8 +110,8 @@ class FileLoader(LoadImagesAndVideos):
 
     def _decode_jpegs(self, paths: list, images: list, info: list) -> None:
         """Replace the batch's :class:`EncodedJpeg` items by their images, decoded on the GPU in one call (their GPU
-        copies held in :attr:`uploads`), or on the CPU where that call fails; a file neither decodes is dropped
-        with stock's warning."""
+        copies held in :attr:`uploads`, with uploads of the batch's other images), or on the CPU where that call
+        fails; a file neither decodes is dropped with stock's warning."""
         jobs = [i for i, image in enumerate(images) if isinstance(image, EncodedJpeg)]
         if not jobs:
             return
@@ -122,6 +122,9 @@ class FileLoader(LoadImagesAndVideos):
             else:
                 images[i], copy = decoded[n]
                 self.uploads.add(images[i], copy)
+        if decoded is not None:  # the batch's CPU-decoded files join it on the GPU, so that it is letterboxed there
+            for i in set(range(len(images))) - set(jobs):
+                self.uploads.put(images[i])
         for i in reversed(jobs):
             if images[i] is None:
                 loaders.LOGGER.warning(f"Image Read Error {paths[i]}")
