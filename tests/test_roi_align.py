@@ -267,6 +267,8 @@ def test_bad_input(generator, device):
         roi_align(x.int(), good, 2)
     with pytest.raises(ValueError, match="output_size must be positive"):
         roi_align(x, good, (0, 2))
+    with pytest.raises(ValueError, match=r"output_size x sampling_ratio must be below 2\^31"):
+        roi_align(x, good, (70000, 1), sampling_ratio=32768)  # 2.3e9 samples down one side
     with pytest.raises(ValueError, match="pool_mode"):
         roi_align(x, good, 2, pool_mode="sum")
     with pytest.raises(ValueError, match="spatial_scale"):

@@ -3,6 +3,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/aminmax.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -28,6 +29,11 @@ PoolParams pool_params(const char* op, int64_t pooled_height, int64_t pooled_wid
   // The max-mode argmax stores iy * grid_w + ix in int32.
   TORCH_CHECK_VALUE(sampling_ratio <= (1 << 15), op, ": sampling_ratio must be at most 32768, got ",
                     text(sampling_ratio));
+  // The CUDA kernels compare a side's samples (output side x sampling_ratio) with the tap tables in 32 bits.
+  TORCH_CHECK_VALUE(sampling_ratio <= 0 ||
+                        std::max(pooled_height, pooled_width) * sampling_ratio <= std::numeric_limits<int32_t>::max(),
+                    op, ": output_size x sampling_ratio must be below 2^31 samples per side, got (",
+                    text(pooled_height), ", ", text(pooled_width), ") x ", text(sampling_ratio));
   return PoolParams{pooled_height, pooled_width, sampling_ratio, aligned, max_mode};
 }
 
