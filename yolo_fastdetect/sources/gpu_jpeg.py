@@ -22,22 +22,22 @@ import numpy as np
 import torch
 from PIL import ExifTags, Image
 
+from .path_list import ends_in_eoi
+
 GPU_JPEG_SUFFIXES = (".jpg", ".jpeg")
-_JPEG_END = b"\xff\xd9"
 
 
 @dataclass(frozen=True)
 class EncodedJpeg:
-    """A file for the GPU decoder: its path and bytes."""
+    """A file's bytes, for the GPU decoder (the loader keeps its path with the batch)."""
 
-    path: str
     data: np.ndarray
 
 
 def gpu_decodable(data: np.ndarray) -> bool:
     """Whether nvJPEG is given ``data``: a complete baseline JPEG in YCbCr that needs no EXIF rotation (where
     ``imread`` would rotate, or decode a gray, CMYK or progressive file its own way, the CPU decodes it)."""
-    if data.size < 4 or data[-2:].tobytes() != _JPEG_END:
+    if not ends_in_eoi(data):
         return False
     try:
         with Image.open(io.BytesIO(data.tobytes())) as image:
@@ -55,7 +55,7 @@ def read_for_gpu(path: str) -> EncodedJpeg | None:
         data = np.fromfile(path, np.uint8)
     except OSError:
         return None
-    return EncodedJpeg(path, data) if gpu_decodable(data) else None
+    return EncodedJpeg(data) if gpu_decodable(data) else None
 
 
 def decode_on_gpu(jpegs: list[EncodedJpeg], device: torch.device) -> list[tuple[np.ndarray, torch.Tensor]] | None:

@@ -41,7 +41,7 @@ from .prefetch import OrderedPrefetch
 from .upload import Uploads, loader_uploads
 
 _TRANSPOSING_ORIENTATIONS = (5, 6, 7, 8)  # EXIF orientations that exif_transpose turns by 90 degrees
-_JPEG_END = b"\xff\xd9"  # EOI: without it Pillow raises "image file is truncated" where OpenCV fills in gray
+_JPEG_END = b"\xff\xd9"  # EOI
 
 
 @dataclass(frozen=True)
@@ -63,10 +63,16 @@ def probe(path: str | Path) -> Probe:
         return Probe(size, image.format == "JPEG" and image.mode in ("RGB", "L") and orientation == 1)
 
 
+def ends_in_eoi(data: np.ndarray) -> bool:
+    """Whether a JPEG's bytes end in its EOI marker: without it Pillow raises "image file is truncated" where OpenCV
+    (and nvJPEG) decode what is there, so only a complete file may leave Pillow's route."""
+    return data.size >= 2 and data[-2:].tobytes() == _JPEG_END
+
+
 def _opencv_jpeg(path: str | Path) -> np.ndarray | None:
     """A JPEG decoded by OpenCV as Pillow + RGB -> BGR would decode it, or None where that is not assured (no EOI)."""
     data = np.fromfile(os.fspath(path), np.uint8)
-    if data[-2:].tobytes() != _JPEG_END:
+    if not ends_in_eoi(data):
         return None
     # Pillow found no EXIF rotation; IGNORE_ORIENTATION keeps OpenCV from finding one that Pillow did not parse.
     return cv2.imdecode(data, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
