@@ -141,7 +141,7 @@ def make_data(root: Path, args) -> dict[str, list[Path]]:
 
 def run(args) -> list[dict]:
     import yolo_fastdetect
-    from yolo_fastdetect.sources import decode_threads
+    from yolo_fastdetect.sources import GPU_JPEG_VARIABLE, decode_threads
 
     threads = decode_threads()
     cuda = args.device == "cuda"
@@ -162,11 +162,11 @@ def run(args) -> list[dict]:
                 switch()
                 row[side], row[f"{side}_records"] = timed_rate(model, source, batch, options, args.repeats)
             if args.gpu_jpeg and kind == "folder":
-                os.environ["YOLO_FASTDETECT_GPU_JPEG"] = "1"
+                os.environ[GPU_JPEG_VARIABLE] = "1"
                 try:
                     row["gpu_jpeg"], records = timed_rate(model, source, batch, options, args.repeats)
                 finally:
-                    del os.environ["YOLO_FASTDETECT_GPU_JPEG"]
+                    del os.environ[GPU_JPEG_VARIABLE]
                 row["gpu_jpeg_detections"] = same_detections(records, row["stock_records"])
             row["detections"] = same_detections(row.pop("ours_records"), row.pop("stock_records"))
             row["decode_only"] = decode_rate(source)
