@@ -84,6 +84,29 @@ def assert_same_detections(ours: list[torch.Tensor], expected: list[torch.Tensor
         torch.testing.assert_close(canonical(mine.cpu()), canonical(theirs.cpu()), rtol=0, atol=0, msg=f"image {image}")
 
 
+def assert_matches_stock(prediction: torch.Tensor, **options) -> list[torch.Tensor]:
+    """Checks that the operator's detections for ``prediction`` equal stock's (as sets where scores tie).
+
+    Stock runs without its time limit: on a slow machine it would stop early and leave later images empty.
+
+    Returns:
+        The operator's detections, for checks of their own.
+    """
+    ours = non_max_suppression(prediction, **options)
+    assert_same_detections(ours, stock_non_max_suppression(prediction, **options, max_time_img=1e9))
+    return ours
+
+
+def assert_matches_reference(prediction: torch.Tensor, **options) -> None:
+    """Checks that the operator's detections equal the reference's exactly, order included: the reference breaks
+    score ties by anchor and class as the operator does."""
+    ours = non_max_suppression(prediction, **options)
+    reference = non_max_suppression_reference(prediction.cpu(), **options)
+    assert len(ours) == len(reference)
+    for mine, theirs in zip(ours, reference):
+        torch.testing.assert_close(mine.cpu(), theirs, rtol=0, atol=0)
+
+
 OPTIONS = [
     {},
     {"multi_label": True},
@@ -99,46 +122,39 @@ OPTIONS = [
 ]
 
 
-@pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()) or "default")
-@pytest.mark.parametrize("batch", [1, 5])
-def test_matches_stock_float32(generator, device, options, batch):
-    prediction = make_prediction(generator, batch, num_extra=3).to(device)
-    assert_same_detections(non_max_suppression(prediction, nc=4, **options),
-                           stock_non_max_suppression(prediction, nc=4, **options))
+def options_id(options: dict) -> str:
+    """A readable test id for NMS options: ``multi_label=True-max_det=5``, or ``default`` for none."""
+    return "-".join(f"{k}={v}" for k, v in options.items()) or "default"
+
+
+def stock_samples() -> list:
+    """The cases test_matches_stock compares with stock, as (``make_prediction`` keywords, NMS options) pairs.
+
+    Every option set on float32 at batch 1 and 5; batches up to 64 of 2100 anchors, single- and multi-label; float16
+    with distinct scores (exact in float16), so that stock's unstable sort of equal scores decides nothing.
+    """
+    cases = [(f"float32-b{batch}", {"batch": batch, "num_extra": 3}, {"nc": 4, **options})
+             for batch in (1, 5) for options in OPTIONS]
+    # Lower multi-label thresholds make the stock function too slow at 2100 anchors.
+    cases += [(f"float32-b{batch}-a2100", {"batch": batch, "num_classes": 6, "num_anchors": 2100},
+               {"conf_thres": 0.2 if multi_label else 0.25, "iou_thres": 0.7, "multi_label": multi_label})
+              for batch in (1, 16, 64) for multi_label in (False, True)]
+    float16 = {"batch": 6, "num_classes": 3, "num_extra": 2, "dtype": torch.float16, "distinct_scores": True}
+    cases += [("float16-b6", float16, {"nc": 3, **options}) for options in OPTIONS[:5]]
+    return [pytest.param(make, options, id=f"{name}-{options_id(options)}") for name, make, options in cases]
 
 
 @pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("batch", [1, 16, 64])
-@pytest.mark.parametrize("multi_label", [False, True])
-def test_matches_stock_batches(generator, device, batch, multi_label):
-    prediction = make_prediction(generator, batch, num_classes=6, num_anchors=2100).to(device)
-    conf = 0.2 if multi_label else 0.25  # lower multi-label thresholds make the stock function too slow here
-    assert_same_detections(
-        non_max_suppression(prediction, conf, 0.7, multi_label=multi_label),
-        stock_non_max_suppression(prediction, conf, 0.7, multi_label=multi_label, max_time_img=1e9),  # no time limit
-    )
+@pytest.mark.parametrize("make, options", stock_samples())
+def test_matches_stock(generator, device, make, options):
+    assert_matches_stock(make_prediction(generator, **make).to(device), **options)
 
 
 @pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("options", OPTIONS[:5], ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()) or "default")
-def test_matches_stock_float16(generator, device, options):
-    prediction = make_prediction(generator, 6, num_classes=3, num_extra=2, num_anchors=600, dtype=torch.float16,
-                                 distinct_scores=True).to(device)
-    assert_same_detections(non_max_suppression(prediction, nc=3, **options),
-                           stock_non_max_suppression(prediction, nc=3, **options))
-
-
-@pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()) or "default")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("options", OPTIONS, ids=options_id)
 def test_matches_reference(generator, device, dtype, options):
-    """Exact, order included: the reference breaks score ties by anchor and class as the operator does."""
-    prediction = make_prediction(generator, 3, num_extra=2, dtype=dtype).to(device)
-    ours = non_max_suppression(prediction, nc=4, **options)
-    reference = non_max_suppression_reference(prediction.cpu(), nc=4, **options)
-    for mine, theirs in zip(ours, reference):
-        torch.testing.assert_close(mine.cpu(), theirs, rtol=0, atol=0)
+    assert_matches_reference(make_prediction(generator, 3, num_extra=2, dtype=dtype).to(device), nc=4, **options)
 
 
 @pytest.mark.parametrize("device", devices())
@@ -163,9 +179,7 @@ def test_every_anchor_passes_and_more_than_max_nms(generator, device):
     prediction[:, 4:8] = prediction[:, 4:8] * 0.5 + 0.3  # every score above conf
     prediction = prediction.to(device)
     for options in ({}, {"max_nms": 100}, {"multi_label": True, "max_nms": 1000}, {"agnostic": True, "max_nms": 7}):
-        assert_same_detections(
-            non_max_suppression(prediction, **options), stock_non_max_suppression(prediction, **options)
-        )
+        assert_matches_stock(prediction, **options)
 
 
 @pytest.mark.parametrize("device", devices())
@@ -181,13 +195,9 @@ def test_exact_score_ties(generator, device):
     # Stock's unstable sort picks arbitrary members of a tie group cut by max_det or max_nms: only the reference,
     # which breaks ties by anchor and class, is compared where a cut can fall inside one.
     for options in ({}, {"multi_label": True}, {"agnostic": True}):
-        options["max_det"] = 1000
-        assert_same_detections(non_max_suppression(prediction, nc=4, **options),
-                               stock_non_max_suppression(prediction, nc=4, **options))
+        assert_matches_stock(prediction, nc=4, max_det=1000, **options)
     for options in ({}, {"multi_label": True}, {"max_nms": 150}, {"multi_label": True, "max_det": 120}):
-        ours = non_max_suppression(prediction, nc=4, **options)
-        for mine, theirs in zip(ours, non_max_suppression_reference(prediction.cpu(), nc=4, **options)):
-            torch.testing.assert_close(mine.cpu(), theirs, rtol=0, atol=0)
+        assert_matches_reference(prediction, nc=4, **options)
 
 
 @pytest.mark.parametrize("device", devices())
@@ -200,9 +210,7 @@ def test_zero_area_boxes(generator, device):
     prediction[:, 4, 10:20] = torch.linspace(0.5, 0.9, 10)
     prediction = prediction.to(device)
     for options in ({}, {"agnostic": True}, {"iou_thres": 0.0}):
-        assert_same_detections(
-            non_max_suppression(prediction, **options), stock_non_max_suppression(prediction, **options)
-        )
+        assert_matches_stock(prediction, **options)
 
 
 @pytest.mark.parametrize("device", devices())
@@ -212,8 +220,7 @@ def test_nan_scores_are_dropped(generator, device):
     prediction[1, 4:8, ::4] = math.nan
     prediction = prediction.to(device)
     for options in ({}, {"multi_label": True}):
-        ours = non_max_suppression(prediction, **options)
-        assert_same_detections(ours, stock_non_max_suppression(prediction, **options))
+        ours = assert_matches_stock(prediction, **options)
         assert not any(d.isnan().any() for d in ours)
 
 
@@ -252,10 +259,7 @@ def test_huge_max_det_and_no_max_nms_match_stock(generator, device, multi_label)
     process was killed for memory); max_nms=0 keeps nothing, as stock's [:0]."""
     prediction = make_prediction(generator, 4, num_extra=2, num_anchors=400, distinct_scores=True).to(device)
     for options in ({"max_det": 10**9}, {"max_det": 10**9, "max_nms": 50}, {"max_nms": 0}):
-        options = {**options, "multi_label": multi_label, "conf_thres": 0.05}
-        ours, stock = non_max_suppression(prediction, nc=4, **options), stock_non_max_suppression(prediction, nc=4,
-                                                                                                   **options)
-        assert_same_detections(ours, stock)
+        assert_matches_stock(prediction, nc=4, multi_label=multi_label, conf_thres=0.05, **options)
     assert all(len(d) == 0 for d in non_max_suppression(prediction, nc=4, max_nms=0))
 
 
