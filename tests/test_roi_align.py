@@ -40,15 +40,23 @@ def features(generator, shape, dtype=torch.float64, device="cpu"):
     return torch.randn(shape, generator=generator, dtype=torch.float64).to(dtype=dtype, device=device)
 
 
+def roi_align_inputs(generator, shape, count, spatial_scale=1.0, dtype=torch.float32, device="cpu", *,
+                     requires_grad=False):
+    """Random (N, C, H, W) features of `dtype` and `count` :func:`random_rois` over the same N images and H x W map
+    (taken at `spatial_scale`): float64 rois for float64 features, float32 for the others, as roi_align accepts them.
+    Returns (features, rois), drawn in that order from `generator`."""
+    batch, _, height, width = shape
+    x = features(generator, shape, dtype, device).requires_grad_(requires_grad)
+    rois = random_rois(generator, batch, height, width, count, spatial_scale)
+    return x, rois.to(device=device, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
+
+
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("pool_mode", ["avg", "max"])
 @pytest.mark.parametrize("aligned", [True, False])
 def test_matches_reference(generator, device, dtype, pool_mode, aligned):
-    x64 = features(generator, (3, 6, 11, 19))
-    rois64 = random_rois(generator, 3, 11, 19, 24, spatial_scale=0.5)
-    x, rois = x64.to(dtype=dtype, device=device), rois64.to(device)
-    rois = rois.to(dtype if dtype == torch.float64 else torch.float32)  # float32 rois are accepted for 16-bit maps
+    x, rois = roi_align_inputs(generator, (3, 6, 11, 19), 24, 0.5, dtype, device)
     for sampling_ratio in (0, 1, 3):
         out = roi_align(x, rois, (4, 3), 0.5, sampling_ratio, pool_mode, aligned)
         # The reference sees the same (rounded) features and boxes, in float64.
@@ -62,8 +70,7 @@ def test_matches_reference(generator, device, dtype, pool_mode, aligned):
 @pytest.mark.parametrize("aligned", [True, False])
 @pytest.mark.parametrize("sampling_ratio", [0, 1, 2, 4])
 def test_matches_torchvision(generator, device, aligned, sampling_ratio):
-    x = features(generator, (2, 5, 17, 13), torch.float32, device)
-    rois = random_rois(generator, 2, 17, 13, 40, spatial_scale=0.25).float().to(device)
+    x, rois = roi_align_inputs(generator, (2, 5, 17, 13), 40, 0.25, device=device)
     out = roi_align(x, rois, (5, 7), 0.25, sampling_ratio, "avg", aligned)
     expected = torchvision.ops.roi_align(x, rois, (5, 7), 0.25, sampling_ratio, aligned)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
@@ -96,8 +103,7 @@ def test_max_mode_hand_computed():
 @pytest.mark.parametrize("pool_mode", ["avg", "max"])
 @pytest.mark.parametrize("aligned", [True, False])
 def test_gradcheck(generator, device, pool_mode, aligned):
-    x = features(generator, (2, 3, 7, 9), device=device).requires_grad_(True)
-    rois = random_rois(generator, 2, 7, 9, 6, spatial_scale=0.5).to(device)
+    x, rois = roi_align_inputs(generator, (2, 3, 7, 9), 6, 0.5, torch.float64, device, requires_grad=True)
     for sampling_ratio in (0, 2):
         assert torch.autograd.gradcheck(
             lambda t: roi_align(t, rois, (2, 3), 0.5, sampling_ratio, pool_mode, aligned), (x,), eps=1e-6, atol=1e-5
@@ -108,13 +114,13 @@ def test_gradcheck(generator, device, pool_mode, aligned):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("pool_mode", ["avg", "max"])
 def test_backward_matches_reference(generator, device, dtype, pool_mode):
-    x64 = features(generator, (2, 4, 10, 14)).to(dtype).double()  # values exactly representable in dtype
-    rois = random_rois(generator, 2, 10, 14, 16)
+    x, rois = roi_align_inputs(generator, (2, 4, 10, 14), 16, dtype=dtype)
     grad = features(generator, (16, 4, 3, 3)).to(dtype).double()
-    reference_input = x64.clone().requires_grad_(True)
-    roi_align_reference(reference_input, rois, 3, 1.0, 2, pool_mode).backward(grad)
-    x = x64.to(dtype=dtype, device=device).requires_grad_(True)
-    roi_align(x, rois.float().to(device), 3, 1.0, 2, pool_mode).backward(grad.to(dtype=dtype, device=device))
+    # The reference sees the same (rounded) features and boxes, in float64.
+    reference_input = x.double().requires_grad_(True)
+    roi_align_reference(reference_input, rois.double(), 3, 1.0, 2, pool_mode).backward(grad)
+    x = x.to(device).requires_grad_(True)
+    roi_align(x, rois.to(device), 3, 1.0, 2, pool_mode).backward(grad.to(dtype=dtype, device=device))
     tolerance = 1e-5 if dtype == torch.float32 else 4 * TOLERANCE[dtype]
     torch.testing.assert_close(x.grad.double().cpu(), reference_input.grad, rtol=tolerance, atol=tolerance)
 
@@ -124,9 +130,8 @@ def test_backward_matches_reference(generator, device, dtype, pool_mode):
 def test_double_backward_is_refused(generator, device, pool_mode):
     """A gradient taken with create_graph=True is the gradient, but differentiating it again raises, for one level
     and several: the backward operators have no derivative of their own (torchvision's RoIAlign refuses it too)."""
-    x = features(generator, (2, 3, 9, 11), device=device).requires_grad_(True)
+    x, rois = roi_align_inputs(generator, (2, 3, 9, 11), 8, dtype=torch.float64, device=device, requires_grad=True)
     pyramid = [x, features(generator, (2, 3, 5, 6), device=device).requires_grad_(True)]
-    rois = random_rois(generator, 2, 9, 11, 8).to(device)
     reference_input = x.detach().cpu().requires_grad_(True)
     reference_output = roi_align_reference(reference_input, rois.cpu(), 3, 1.0, 2, pool_mode)
     (expected,) = torch.autograd.grad((reference_output**2).sum(), reference_input)
@@ -181,8 +186,7 @@ def test_rois_outside_the_map(generator, device):
 
 @pytest.mark.parametrize("device", devices())
 def test_memory_formats(generator, device):
-    base = features(generator, (2, 9, 12, 10), torch.float32, device)
-    rois = random_rois(generator, 2, 12, 10, 20).float().to(device)
+    base, rois = roi_align_inputs(generator, (2, 9, 12, 10), 20, device=device)
     expected = roi_align(base, rois, 4)
     channels_last = base.contiguous(memory_format=torch.channels_last)
     transposed = base.transpose(2, 3).contiguous().transpose(2, 3)  # H and W swapped in memory
@@ -324,9 +328,7 @@ def test_cuda_matches_cpu(generator, dtype, pool_mode, layout):
     last chunk, 272 as many 16-bit packets as a chunk's 32 lanes plus two; a map that starts one channel into a
     channels-last buffer is misaligned for packets and takes one channel per lane."""
     channels = int(layout.rsplit("-", 1)[1])
-    x = features(generator, (3, channels, 23, 31), dtype)
-    rois = random_rois(generator, 3, 23, 31, 200, spatial_scale=0.5)
-    rois = rois.to(dtype if dtype == torch.float64 else torch.float32)
+    x, rois = roi_align_inputs(generator, (3, channels, 23, 31), 200, 0.5, dtype)
     grad = features(generator, (200, channels, 9, 9), dtype)
     outputs, grads = [], []
     for device in ("cpu", "cuda"):
@@ -359,8 +361,7 @@ def test_cuda_matches_cpu(generator, dtype, pool_mode, layout):
 
 @pytest.mark.parametrize("device", devices())
 def test_opcheck(generator, device):
-    x = features(generator, (2, 4, 9, 7), torch.float32, device).requires_grad_(True)
-    rois = random_rois(generator, 2, 9, 7, 5).float().to(device)
+    x, rois = roi_align_inputs(generator, (2, 4, 9, 7), 5, device=device, requires_grad=True)
     for max_mode in (False, True):
         torch.library.opcheck(torch.ops.yolo_fastdetect.roi_align.default, (x, rois, 2, 3, 1.0, 2, True, max_mode))
         levels = fpn_levels(rois, (1, 2))
@@ -372,8 +373,7 @@ def test_opcheck(generator, device):
 
 
 def test_torch_compile(generator):
-    x = features(generator, (2, 4, 9, 7), torch.float32).requires_grad_(True)
-    rois = random_rois(generator, 2, 9, 7, 5).float()
+    x, rois = roi_align_inputs(generator, (2, 4, 9, 7), 5, requires_grad=True)
     compiled = torch.compile(lambda t, r: roi_align(t, r, 3, 1.0, 2, "max").square().sum(), fullgraph=True,
                              backend="aot_eager")
     compiled(x, rois).backward()
@@ -395,12 +395,10 @@ def test_torch_export(generator):
             return self.linear(roi_align(x, rois, (2, 3), 0.5, 2).flatten(1))
 
     head = Head()
-    x = features(generator, (2, 4, 9, 7), torch.float32)
-    exported = torch.export.export(head, (x, random_rois(generator, 2, 18, 14, 5).float()))
+    exported = torch.export.export(head, roi_align_inputs(generator, (2, 4, 9, 7), 5, 0.5))
     targets = [node.target for node in exported.graph.nodes if node.op == "call_function"]
     assert torch.ops.yolo_fastdetect.roi_align.default in targets
-    x = features(generator, (2, 4, 9, 7), torch.float32)
-    rois = random_rois(generator, 2, 18, 14, 5).float()
+    x, rois = roi_align_inputs(generator, (2, 4, 9, 7), 5, 0.5)
     torch.testing.assert_close(exported.module()(x, rois), head(x, rois))
 
 
