@@ -13,8 +13,8 @@ trap 'rm -rf "$wheels"; [ -n "$keep_site" ] || rm -rf "$(dirname "$site")"' EXIT
 platforms=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64)
 target_args=(--only-binary=:all: --python-version "$version" --implementation cp "${platforms[@]/#/--platform=}")
 python3 -m pip download -q -d "$wheels" "${target_args[@]}" "ray[data]>=2.60"
-python3 -m pip install -q --no-index --find-links "$wheels" --no-compile --target "$site" "${target_args[@]}" \
-  "ray[data]>=2.60"
+python3 -m pip install -q --no-index --find-links "$wheels" --no-compile --ignore-requires-python --target "$site" \
+  "${target_args[@]}" "ray[data]>=2.60"
 
 # What predict_dataset never loads: Java, RLlib, Serve, LLM, the dashboard's web pages, Arrow Flight and S3
 # (pyarrow.fs goes on without it), C++ headers and every package's tests; and numpy, which the GPU machine has (its
