@@ -191,7 +191,11 @@ def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, 
         todo = [path for path in paths if path not in done]
         if not todo:
             return Summary(0, 0, 0, before.num_rows, time.perf_counter() - begin, actors, bool(gpus))
-        dataset = ray.data.from_items([{"path": path} for path in todo])
+        # One block per batch: from_items' default blocks (~10 rows each here) left most batches short of
+        # batch_size (59 calls for 2048 paths at batch 64). H200, 2048 720p JPEGs, one GPU actor: 286-359 img/s
+        # with the default blocks, 619 with one block per batch.
+        blocks = -(-len(todo) // batch_size)
+        dataset = ray.data.from_items([{"path": path} for path in todo], override_num_blocks=blocks)
 
     detections = dataset.map_batches(
         Predictor,
