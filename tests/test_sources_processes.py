@@ -24,7 +24,7 @@ FLAGS = {"color": cv2.IMREAD_COLOR, "gray": cv2.IMREAD_GRAYSCALE}
 
 def decoder_pool(processes: int, flags: int) -> tuple[DecoderProcesses, partial]:
     decode = partial(files._decode, flags=flags, uploads=None)
-    return DecoderProcesses(processes, decode, flags, None, files._worker_takes), decode
+    return DecoderProcesses(processes, decode, files.worker_file, flags), decode
 
 
 def assert_same_image(image, expected, path) -> None:

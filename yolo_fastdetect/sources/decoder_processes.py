@@ -28,6 +28,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -45,14 +46,14 @@ def _mapped(fd: int, shape: tuple[int, ...]) -> np.ndarray:
 
 
 class _Worker:
-    """One decoder process, its socket, and the jobs it owes (job number -> future and path)."""
+    """One decoder process, its socket, and the jobs it owes (job number -> future and item)."""
 
     def __init__(self):
         self.connection, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
             self.process = subprocess.Popen([sys.executable, str(_WORKER), str(theirs.fileno())],
                                             pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
-        self.jobs: dict[int, tuple[Future, str]] = {}
+        self.jobs: dict[int, tuple[Future, Any]] = {}
         self.alive = True
 
     def hang_up(self) -> None:
@@ -73,30 +74,32 @@ class _Worker:
 
 
 class DecoderProcesses(Executor):
-    """An executor of ``decode(path)`` (``imread(path, flags)`` and then ``finish``) that runs most of it in
-    ``processes`` worker processes, and anything else (another function, a file a worker does not take) on a thread.
+    """An executor of ``decode(item)`` whose workers decode the file ``request(item)`` names, where it names one:
+    ``decode`` must give, for such an item, the image ``imread(file, flags)`` gives, passed through ``finish``.
+    Other items, other functions, and the files a worker declines run on up to ``threads`` threads.
 
     Args:
         processes (int): Worker processes.
-        decode (Callable[[str], np.ndarray | None]): The in-process decode that the workers stand in for.
+        decode (Callable): The in-process decode of one item, which the workers stand in for.
+        request (Callable[[Any], str | None]): The file a worker may decode for an item (one that Ultralytics'
+            ``imread`` decodes with ``cv2.imdecode`` alone: not a TIFF nor a Pillow-only suffix), or None.
         flags (int): The ``cv2.IMREAD_*`` flags ``decode`` reads with.
-        finish (Callable[[np.ndarray], np.ndarray] | None): Applied here to each image a worker decodes (what
-            ``decode`` does after ``imread``: the upload-ahead), or None.
-        takes (Callable[[str], bool]): Whether a worker may decode a path (the suffixes ``imread`` decodes with
-            ``cv2.imdecode`` alone).
+        finish (Callable[[np.ndarray], Any] | None): Applied here to each image a worker decodes (what ``decode``
+            does after ``imread``, such as the upload-ahead), or None.
+        threads (int): Threads for what the workers do not decode (started only as needed).
 
     Examples:
-        >>> with DecoderProcesses(4, decode, cv2.IMREAD_COLOR, None, takes) as pool:
+        >>> with DecoderProcesses(4, decode, lambda path: path, cv2.IMREAD_COLOR) as pool:
         ...     image = pool.submit(decode, "bus.jpg").result()
     """
 
-    def __init__(self, processes: int, decode: Callable[[str], np.ndarray | None], flags: int,
-                 finish: Callable[[np.ndarray], np.ndarray] | None, takes: Callable[[str], bool]):
-        self._decode, self._flags, self._finish, self._takes = decode, flags, finish, takes
+    def __init__(self, processes: int, decode: Callable, request: Callable[[Any], str | None], flags: int,
+                 finish: Callable[[np.ndarray], Any] | None = None, threads: int = 1):
+        self._decode, self._request, self._flags, self._finish = decode, request, flags, finish
         self._lock = threading.Lock()
         self._next_job = 0
         self._closed = False
-        self._threads = ThreadPoolExecutor(max(1, processes // 4), thread_name_prefix="yolo_fastdetect_decode")
+        self._threads = ThreadPoolExecutor(max(1, threads), thread_name_prefix="yolo_fastdetect_decode")
         self._workers: list[_Worker] = []
         self._readers: list[threading.Thread] = []
         try:
@@ -110,9 +113,15 @@ class DecoderProcesses(Executor):
             self.shutdown()
             raise
 
+    @property
+    def decode(self) -> Callable:
+        """The function whose items the workers decode: submit it."""
+        return self._decode
+
     def submit(self, fn: Callable, /, *args, **kwargs) -> Future:
-        """``fn(*args, **kwargs)``, computed by a worker where ``fn`` is ``decode`` of a path it takes."""
-        if fn is not self._decode or len(args) != 1 or kwargs or not self._takes(args[0]):
+        """``fn(*args, **kwargs)``, computed by a worker where ``fn`` is ``decode`` of an item that names a file."""
+        path = self._request(args[0]) if fn is self._decode and len(args) == 1 and not kwargs else None
+        if path is None:
             return self._threads.submit(fn, *args, **kwargs)
         future: Future = Future()
         future.set_running_or_notify_cancel()  # owed by a worker: not cancellable, resolved at shutdown at the latest
@@ -126,7 +135,7 @@ class DecoderProcesses(Executor):
             job, self._next_job = self._next_job, self._next_job + 1
             worker.jobs[job] = (future, args[0])
             try:
-                worker.connection.send(pickle.dumps((job, os.fspath(args[0]), self._flags)))
+                worker.connection.send(pickle.dumps((job, os.fspath(path), self._flags)))
             except OSError:  # the worker died: its reader hands its jobs to threads
                 pass
         return future
@@ -142,9 +151,9 @@ class DecoderProcesses(Executor):
                 break
             job, shape = pickle.loads(message)
             with self._lock:
-                future, path = worker.jobs.pop(job)
+                future, item = worker.jobs.pop(job)
             if shape is None or not fds:
-                self._on_thread(future, path)
+                self._on_thread(future, item)
                 continue
             try:
                 image = _mapped(fds[0], shape)
@@ -155,14 +164,14 @@ class DecoderProcesses(Executor):
             worker.alive = False
             owed, worker.jobs = list(worker.jobs.values()), {}
             closed = self._closed
-        for future, path in owed:
+        for future, item in owed:
             if closed:
                 future.set_exception(RuntimeError("yolo_fastdetect: decoder processes shut down"))
             else:
-                self._on_thread(future, path)
+                self._on_thread(future, item)
 
-    def _on_thread(self, future: Future, path: str) -> None:
-        """Resolve ``future`` with ``decode(path)`` run on a thread (what the worker declined or still owed)."""
+    def _on_thread(self, future: Future, item) -> None:
+        """Resolve ``future`` with ``decode(item)`` run on a thread (what the worker declined or still owed)."""
         def relay(done: Future) -> None:
             if done.cancelled():  # the executor shut down before the thread took it
                 future.set_exception(RuntimeError("yolo_fastdetect: decoder processes shut down"))
@@ -172,7 +181,7 @@ class DecoderProcesses(Executor):
                 future.set_result(done.result())
 
         try:
-            self._threads.submit(self._decode, path).add_done_callback(relay)
+            self._threads.submit(self._decode, item).add_done_callback(relay)
         except RuntimeError as error:  # shut down meanwhile
             future.set_exception(error)
 

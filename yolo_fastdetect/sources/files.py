@@ -44,10 +44,10 @@ def _decode(path: str, flags: int, uploads: Uploads | None) -> np.ndarray | None
     return image if uploads is None else uploads.put(image)
 
 
-def _worker_takes(path: str) -> bool:
-    """Whether a decoder process may decode ``path``: ``imread`` decodes it with ``cv2.imdecode`` alone (not a TIFF,
-    not a suffix it hands to Pillow)."""
-    return Path(path).suffix.lower() not in (".tif", ".tiff", *loaders.PIL_FALLBACK_SUFFIXES)
+def worker_file(path: str) -> str | None:
+    """``path`` where a decoder process may decode it: ``imread`` decodes it with ``cv2.imdecode`` alone (not a TIFF,
+    not a suffix it hands to Pillow); else None."""
+    return None if Path(path).suffix.lower() in (".tif", ".tiff", *loaders.PIL_FALLBACK_SUFFIXES) else path
 
 
 def _read_or_decode(path: str, flags: int, uploads: Uploads | None) -> EncodedJpeg | np.ndarray | None:
@@ -93,6 +93,7 @@ class FileLoader(LoadImagesAndVideos):
         self.uploads = loader_uploads(upload_to or gpu_jpeg, batch, threads, read_ahead)
         self._upload_ahead, self._gpu_jpeg = upload_to is not None, gpu_jpeg is not None
         self._images: OrderedPrefetch | None = None
+        self._decoders: DecoderProcesses | None = None
         self._videos: VideoReader | None = None
         self._in_video = False
 
@@ -103,8 +104,8 @@ class FileLoader(LoadImagesAndVideos):
             decode = partial(_read_or_decode if self._gpu_jpeg else _decode, flags=self.cv2_flag,
                              uploads=self.uploads if self._upload_ahead else None)
             window = max(self.read_ahead * self.bs, self.threads, self.processes)
-            executor = self._decoder_processes(decode) if self.processes else None
-            self._images = OrderedPrefetch(decode, self.files[: self.ni], self.threads, window, executor)
+            self._decoders = self._decoder_processes(decode) if self.processes else None
+            self._images = OrderedPrefetch(decode, self.files[: self.ni], self.threads, window, self._decoders)
         if self.nf > self.ni:
             gray = self.cv2_flag == cv2.IMREAD_GRAYSCALE
             self._videos = VideoReader(self.files[self.ni :], self.vid_stride, gray, self.read_ahead * self.bs,
@@ -115,7 +116,7 @@ class FileLoader(LoadImagesAndVideos):
         """The decoder processes standing in for ``decode``, or None (threads) where they cannot start."""
         finish = self.uploads.put if self._upload_ahead else None
         try:
-            return DecoderProcesses(self.processes, decode, self.cv2_flag, finish, _worker_takes)
+            return DecoderProcesses(self.processes, decode, worker_file, self.cv2_flag, finish, self.threads)
         except OSError as error:
             loaders.LOGGER.warning(f"yolo_fastdetect: decoder processes did not start ({error}); decoding on threads")
             return None
@@ -195,7 +196,9 @@ class FileLoader(LoadImagesAndVideos):
         for reader in (self._images, self._videos):
             if reader is not None:
                 reader.close()
-        self._images = self._videos = None
+        if self._decoders is not None:
+            self._decoders.shutdown()
+        self._images = self._videos = self._decoders = None
         self._in_video = False
         if self.uploads is not None:
             self.uploads.clear()
