@@ -5,15 +5,17 @@ Decoder threads release the GIL while OpenCV decodes, but need it again between 
 thread holds it for much of each batch. On the H200 host (16 cores, bench sources' 256 JPEGs up to 4K), 15
 threads decode 896 img/s alone, 268 img/s beside one thread running pure Python (669 with a 0.5 ms switch
 interval), and a folder at batch 64 gets about half the decode-only rate under ``model.predict``. Processes do not
-share the GIL: 15 decoded 795 img/s alone (``.diag`` measurement at 28b203a), and their rate does not depend on what
-the predictor's thread does. Whether that wins end to end is measured by ``bench sources --decode-processes N``;
+share the GIL: 15 decoded 795 img/s alone (a diagnostic at 28b203a, in benchmarks/RESULTS.md), and their rate does
+not depend on what the predictor's thread does. Whether that wins end to end is measured by ``bench sources
+--decode-processes N`` (and ``bench scale --decode-processes N`` for the Ray actors, :mod:`yolo_fastdetect.ray.decode`);
 until then this is opt-in (``YOLO_FASTDETECT_DECODE_PROCESSES=N``, see :mod:`yolo_fastdetect.sources`).
 
 Each worker (``_decoder_worker.py``) answers over a Unix socket pair with a memfd holding the image (descriptor
 passing, so no named shared memory can leak); the parent maps it, and the numpy array owns the mapping. A worker
 only takes files that Ultralytics' ``imread`` decodes with ``cv2.imdecode`` alone; it declines anything else
 (unreadable, empty, undecodable, not 8-bit), which then decodes here with ``imread`` itself, on a thread, as does
-every TIFF and Pillow-only file, and every job of a worker that died. So the bytes are ``imread``'s.
+every TIFF and Pillow-only file, and every job of a worker that died. So the bytes are ``imread``'s. The workers
+start with the executor (about 0.15 s) and stop at its ``shutdown``.
 """
 
 from __future__ import annotations
