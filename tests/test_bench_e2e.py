@@ -79,25 +79,28 @@ def test_cpu_smoke_run_and_plot(tmp_path, capsys):
     assert image.stat().st_size > 10_000
 
 
-def test_compile_rows(monkeypatch, capsys):
-    """``--compile MODE``: per batch an eager row, then a row per mode, each side from a new predictor (its own
-    compilation counted in its warm-up) and with the package on for ours only."""
+def test_compile_and_channels_last_rows(monkeypatch, capsys):
+    """``--compile MODE`` and ``--channels-last``: per batch an eager row, then a row per mode, then one with
+    ``channels_last=True``, each side of those from a new predictor (its own compilation counted in its warm-up)
+    and with the package on for ours only."""
     import yolo_fastdetect
 
     calls = []
 
-    def fake_time_predict(model, images, batch, device, warmup, iters, compile_mode=False):
-        calls.append((yolo_fastdetect.is_enabled(), compile_mode, model.predictor is None))
+    def fake_time_predict(model, images, batch, device, warmup, iters, compile_mode=False, channels_last=None):
+        calls.append((yolo_fastdetect.is_enabled(), compile_mode, channels_last, model.predictor is None))
         return {"ms_per_image": 1.0, "images_per_s": 1e3, "stages_ms_per_image": dict.fromkeys(e2e.STAGES, 0.3),
                 "warmup_s": 2.5, "results": results([[10, 10, 50, 50, 0.9, 0]])}
 
     monkeypatch.setattr(e2e, "time_predict", fake_time_predict)
     monkeypatch.setattr(e2e, "detecting_model", lambda name: type("Model", (), {"predictor": "set up"})())
     e2e.main(["--device", "cpu", "--models", "yolo12n.yaml", "--batches", "1", "--compile", "true",
-              "reduce-overhead"])
+              "reduce-overhead", "--channels-last"])
     yolo_fastdetect.enable()
-    assert calls == [(False, False, False), (True, False, False), (False, True, True), (True, True, True),
-                     (False, "reduce-overhead", True), (True, "reduce-overhead", True)]
+    assert calls == [(False, False, None, False), (True, False, None, False), (False, True, None, True),
+                     (True, True, None, True), (False, "reduce-overhead", None, True),
+                     (True, "reduce-overhead", None, True), (False, False, True, True), (True, False, True, True)]
     out = capsys.readouterr().out
     assert "| yolo12n.yaml | 1 | - |" in out and "| yolo12n.yaml | 1 | reduce-overhead |" in out
+    assert "| yolo12n.yaml | 1 | channels_last |" in out
     assert "| 2.5 / 2.5 |" in out  # the warm-up column

@@ -18,7 +18,12 @@ The warm-up calls' wall time is reported too (seconds, both sides).
 cache, so its warm-up includes all of its own compilation. Inductor's on-disk cache (``TORCHINDUCTOR_CACHE_DIR``)
 shortens a repeated run's warm-up: point it at an empty folder for the first run's numbers.
 
-Options: ``--models``, ``--batches``, ``--iters``, ``--warmup``, ``--compile``, ``--json PATH`` (raw numbers, for
+``--channels-last`` adds a row per model and batch with Ultralytics' own ``channels_last=True`` (the ``AutoBackend``
+model's weights in NHWC; Ultralytics turns it on by itself only for x86 CPUs), stock and ours, each from a new
+predictor.
+
+Options: ``--models``, ``--batches``, ``--iters``, ``--warmup``, ``--compile``, ``--channels-last``, ``--json PATH``
+(raw numbers, for
 ``benchmarks/plot_e2e.py``), ``--device cpu`` (a smoke run with a wall clock; the patch changes nothing there),
 ``--profile`` (instead of the table, where the host time of a patched call goes: cProfile over ``--iters`` calls of
 the first model at the first batch size after ``--warmup`` calls, the 40 costliest functions by cumulative time).
@@ -54,12 +59,12 @@ def batch_images(images: list[np.ndarray], batch: int, call: int) -> list[np.nda
 
 
 def time_predict(model, images: list[np.ndarray], batch: int, device: str, warmup: int, iters: int,
-                 compile_mode: bool | str = False) -> dict:
-    """Time ``model.predict`` as it is currently patched (or not), with Ultralytics' ``compile=compile_mode``; the
-    numbers and the last call's results."""
+                 compile_mode: bool | str = False, channels_last: bool | None = None) -> dict:
+    """Time ``model.predict`` as it is currently patched (or not), with Ultralytics' ``compile=compile_mode`` and
+    ``channels_last`` (None: Ultralytics' own choice); the numbers and the last call's results."""
     cuda = device == "cuda"
     options = {"device": device, "batch": batch, "verbose": False, "quantize": 16 if cuda else None,  # half=True
-               "compile": compile_mode}
+               "compile": compile_mode, "channels_last": channels_last}
     begin = time.perf_counter()
     for call in range(warmup):
         model.predict(batch_images(images, batch, call), **options)
@@ -134,25 +139,27 @@ def _untied(scores: torch.Tensor) -> torch.Tensor:
 
 
 def bench_model(name: str, images: list[np.ndarray], batches: list[int], device: str, warmup: int,
-                iters: int, compile_modes: list[bool | str] = ()) -> list[dict]:
-    """Stock and ours for one model at each batch size: eager, then with each of ``compile_modes``."""
+                iters: int, compile_modes: list[bool | str] = (), channels_last: bool = False) -> list[dict]:
+    """Stock and ours for one model at each batch size: eager, then with each of ``compile_modes``, then with
+    ``channels_last=True`` where asked."""
     import yolo_fastdetect
 
     model = detecting_model(name)
+    settings = [(False, None), *((mode, None) for mode in compile_modes), *([(False, True)] if channels_last else [])]
     rows = []
     for batch in batches:
-        for compile_mode in (False, *compile_modes):
-            row = {"model": name, "batch": batch, "compile": compile_mode}
+        for compile_mode, layout in settings:
+            row = {"model": name, "batch": batch, "compile": compile_mode, "channels_last": bool(layout)}
             for side, switch in (("stock", yolo_fastdetect.disable), ("ours", yolo_fastdetect.enable)):
                 switch()
-                if compile_mode:  # a new predictor compiles afresh: no graphs of the other side to reuse or guard
+                if compile_mode or layout:  # a new predictor (compiled afresh): nothing of the other side reused
                     model.predictor = None
                     torch._dynamo.reset()
-                row[side] = time_predict(model, images, batch, device, warmup, iters, compile_mode)
+                row[side] = time_predict(model, images, batch, device, warmup, iters, compile_mode, layout)
             row["speedup"] = row["stock"]["ms_per_image"] / row["ours"]["ms_per_image"]
             row["detections"] = detection_difference(row["ours"].pop("results"), row["stock"].pop("results"))
             rows.append(row)
-            print(f"  {name} batch {batch} compile={compile_mode}: stock {row['stock']['ms_per_image']:.3f}, ours "
+            print(f"  {name} batch {batch} {setting(row)}: stock {row['stock']['ms_per_image']:.3f}, ours "
                   f"{row['ours']['ms_per_image']:.3f} ms/image; warm-up stock {row['stock']['warmup_s']:.1f} s, "
                   f"ours {row['ours']['warmup_s']:.1f} s", flush=True)
     return rows
@@ -182,6 +189,11 @@ def profile_predict(name: str, images: list[np.ndarray], batch: int, device: str
     pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
 
 
+def setting(row: dict) -> str:
+    """A row's setting as the table shows it: ``-`` (eager), the compile mode, or ``channels_last``."""
+    return "channels_last" if row.get("channels_last") else str(row["compile"] or "-")
+
+
 def parse_compile_mode(text: str) -> bool | str:
     """``--compile``'s value as Ultralytics' ``compile=`` takes it: ``true`` is True (torch.compile's default mode),
     anything else a torch.compile mode name."""
@@ -190,7 +202,7 @@ def parse_compile_mode(text: str) -> bool | str:
 
 def markdown_table(rows: list[dict]) -> str:
     header = (
-        "| model | batch | compile | stock ms/img | ours ms/img | speed-up | stock img/s | ours img/s | "
+        "| model | batch | setting | stock ms/img | ours ms/img | speed-up | stock img/s | ours img/s | "
         "stock pre / inf / post | ours pre / inf / post | warm-up s stock / ours | boxes stock / ours | "
         "max box diff (px), untied scores (tied boxes) |\n"
         "|---|---:|---|---:|---:|---:|---:|---:|---|---|---:|---:|---:|"
@@ -203,7 +215,7 @@ def markdown_table(rows: list[dict]) -> str:
             return " / ".join(f"{side['stages_ms_per_image'][stage]:.3f}" for stage in STAGES)
 
         lines.append(
-            f"| {row['model']} | {row['batch']} | {row['compile'] or '-'} | {stock['ms_per_image']:.3f} | "
+            f"| {row['model']} | {row['batch']} | {setting(row)} | {stock['ms_per_image']:.3f} | "
             f"{ours['ms_per_image']:.3f} | {row['speedup']:.2f}x | {stock['images_per_s']:.0f} | "
             f"{ours['images_per_s']:.0f} | {stages(stock)} | {stages(ours)} | "
             f"{stock['warmup_s']:.1f} / {ours['warmup_s']:.1f} | {detections['stock']} / {detections['ours']} | "
@@ -222,6 +234,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--compile", nargs="+", default=[], type=parse_compile_mode, metavar="MODE",
                         help="also rows with Ultralytics' compile=MODE (true/default, reduce-overhead, "
                              "max-autotune-no-cudagraphs, ...), stock and ours")
+    parser.add_argument("--channels-last", action="store_true",
+                        help="also rows with Ultralytics' channels_last=True (NHWC weights), stock and ours")
     parser.add_argument("--json", type=Path, help="also write the raw numbers to this file")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a smoke run only")
     parser.add_argument("--profile", action="store_true",
@@ -238,7 +252,8 @@ def main(argv: list[str] | None = None) -> None:
     environment = environment_line()
     print(f"model.predict end to end: {environment}", flush=True)
     rows = [row for name in args.models for row in bench_model(name, images, args.batches, args.device,
-                                                              args.warmup, args.iters, args.compile)]
+                                                              args.warmup, args.iters, args.compile,
+                                                              args.channels_last)]
     precision, clock = ("fp16", "CUDA events") if args.device == "cuda" else ("fp32", "wall clock")
     print(f"\nmodel.predict on bus.jpg/zidane.jpg (numpy, alternating), {precision}, {args.device}: median of "
           f"{args.iters} calls after {args.warmup} warm-up; ms per image (wall: {clock} around each call; "
