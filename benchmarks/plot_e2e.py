@@ -23,7 +23,7 @@ SIDES = {"stock": "stock", "ours": "yolo_fastdetect"}
 
 
 def plot(data: dict, output: Path) -> None:
-    rows = [row for row in data["rows"] if not row.get("compile")]  # eager rows: one panel per model and batch
+    rows = [row for row in data["rows"] if not (row.get("compile") or row.get("channels_last"))]  # eager rows only
     models = list(dict.fromkeys(row["model"] for row in rows))
     batches = sorted({row["batch"] for row in rows})
     figure, axes = plt.subplots(len(models), len(batches), figsize=(3.2 * len(batches), 3.0 * len(models)),
