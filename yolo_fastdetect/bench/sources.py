@@ -179,8 +179,8 @@ def run(args) -> list[dict]:
                     row[label], records = timed_rate(model, source, batch, options, args.repeats)
                 finally:
                     del os.environ[variable]
-                row[f"{label}_setting"], row[f"{label}_detections"] = setting, same_detections(records,
-                                                                                              row["stock_records"])
+                row[f"{label}_setting"] = setting
+                row[f"{label}_detections"] = same_detections(records, row["stock_records"])
             row["detections"] = same_detections(row.pop("ours_records"), row.pop("stock_records"))
             row["decode_only"] = decode_rate(source)
             row["in_memory"] = in_memory_rate(model, decoded(kind.split()[0], paths), batch, options, args.repeats)
