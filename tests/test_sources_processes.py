@@ -82,7 +82,7 @@ def test_a_killed_worker_hands_its_jobs_to_threads(variants, generator):
     pool, decode = decoder_pool(2, cv2.IMREAD_COLOR)
     with pool:
         futures = [pool.submit(decode, readable[i]) for i in order]
-        os.kill(pool._workers[0].process.pid, signal.SIGKILL)
+        os.kill(pool._pool._workers[0].process.pid, signal.SIGKILL)
         futures += [pool.submit(decode, readable[i]) for i in order]
         for index, future in zip(order * 2, futures):
             assert_same_image(future.result(timeout=60), loaders.imread(readable[index]), readable[index])
@@ -117,9 +117,12 @@ def test_workers_that_cannot_start_or_die_at_once_leave_threads(corpus_folder, m
         return [image for _, images, _ in batches for image in images]
 
     expected = loaded(0)
+    decoder_processes.stop_shared_pool()  # the pool of an earlier test would serve these loaders
     monkeypatch.setattr(decoder_processes, "_WORKER", corpus_folder / "no_such_worker.py")
     for image, stock in zip(loaded(2), expected, strict=True):
         assert np.array_equal(image, stock)
+    decoder_processes.stop_shared_pool()
     monkeypatch.setattr(decoder_processes.sys, "executable", str(corpus_folder / "no_such_python"))
     for image, stock in zip(loaded(2), expected, strict=True):
         assert np.array_equal(image, stock)
+    decoder_processes.stop_shared_pool()

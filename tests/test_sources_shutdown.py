@@ -44,11 +44,14 @@ def model():
 
 @pytest.fixture(autouse=True)
 def nothing_left_running(folder):
-    """Every test must leave no decoder thread and no open file of the sources behind."""
+    """Every test must leave no decoder thread and no open file of the sources behind, and no decoder process once
+    the package is disabled."""
     yield
     yolo_fastdetect.enable()
     assert loader_threads() == []
     assert open_files_under(folder) == []
+    yolo_fastdetect.disable()  # the decoder processes stay for the next loader until then
+    yolo_fastdetect.enable()
     assert decoder_processes() == []
 
 

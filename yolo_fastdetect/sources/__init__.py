@@ -12,7 +12,8 @@ Settings (environment variables, read when a loader is made):
 - ``YOLO_FASTDETECT_DECODE_THREADS``: decoder threads (default: the CPU cores this process may use, less one);
 - ``YOLO_FASTDETECT_DECODE_PROCESSES=N`` (opt-in, not yet measured faster on the GPU host): a folder's, glob's or
   ``.txt``/``.csv`` list's images decode in N worker processes instead of threads, outside this process's GIL, to
-  the same bytes (:mod:`.decoder_processes`); default 0, threads;
+  the same bytes (:mod:`.decoder_processes`; the workers stay for the next loader, until ``disable()``); default 0,
+  threads;
 - ``YOLO_FASTDETECT_READ_AHEAD``: batches decoded ahead of the predictor (default 2);
 - ``YOLO_FASTDETECT_LIST_OPENCV=0``: every file of a list decodes through Pillow, as stock (by default OpenCV decodes
   the JPEGs it decodes to the same bytes, see :mod:`.path_list`);
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from .decoder_processes import DecoderProcesses
+from .decoder_processes import DecoderProcesses, stop_shared_pool
 from .files import FileLoader
 from .path_list import PathListLoader
 from .prefetch import OrderedPrefetch
@@ -37,7 +38,7 @@ from .upload import Uploads
 from .video import VideoReader
 
 __all__ = ["DecoderProcesses", "FileLoader", "OrderedPrefetch", "PathListLoader", "Uploads", "VideoReader",
-           "decode_processes", "decode_threads", "file_loader", "read_ahead"]
+           "decode_processes", "decode_threads", "file_loader", "read_ahead", "stop_shared_pool"]
 
 SOURCES_VARIABLE = "YOLO_FASTDETECT_SOURCES"
 THREADS_VARIABLE = "YOLO_FASTDETECT_DECODE_THREADS"

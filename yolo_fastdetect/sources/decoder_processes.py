@@ -14,12 +14,17 @@ Each worker (``_decoder_worker.py``) answers over a Unix socket pair with a memf
 passing, so no named shared memory can leak); the parent maps it, and the numpy array owns the mapping. A worker
 only takes files that Ultralytics' ``imread`` decodes with ``cv2.imdecode`` alone; it declines anything else
 (unreadable, empty, undecodable, not 8-bit), which then decodes here with ``imread`` itself, on a thread, as does
-every TIFF and Pillow-only file, and every job of a worker that died. So the bytes are ``imread``'s. The workers
-start with the executor (about 0.15 s) and stop at its ``shutdown``.
+every TIFF and Pillow-only file, and every job of a worker that died. So the bytes are ``imread``'s.
+
+Starting a worker takes about 0.15 s (Python, numpy, OpenCV), a third of a 256-image pass at 600 img/s, so the
+workers are one pool per process, kept between loaders, as PyTorch's ``persistent_workers``: each loader has its
+own :class:`DecoderProcesses` (and its own fallback threads, joined when it closes) on the shared pool, which stops
+with ``yolo_fastdetect.disable()`` (:func:`stop_shared_pool`) and at exit.
 """
 
 from __future__ import annotations
 
+import atexit
 import mmap
 import os
 import pickle
@@ -36,6 +41,9 @@ import numpy as np
 
 _WORKER = Path(__file__).with_name("_decoder_worker.py")
 _STOP_SECONDS = 2.0  # a worker that has not exited this long after its socket closed is killed
+_SHUT_DOWN = "yolo_fastdetect: decoder processes shut down"
+
+Reply = Callable[[np.ndarray | None], None]  # called with the image, or None: declined, or the worker died
 
 
 def _mapped(fd: int, shape: tuple[int, ...]) -> np.ndarray:
@@ -48,14 +56,14 @@ def _mapped(fd: int, shape: tuple[int, ...]) -> np.ndarray:
 
 
 class _Worker:
-    """One decoder process, its socket, and the jobs it owes (job number -> future and item)."""
+    """One decoder process, its socket, and the replies it owes (job number -> callback)."""
 
     def __init__(self):
         self.connection, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
             self.process = subprocess.Popen([sys.executable, str(_WORKER), str(theirs.fileno())],
                                             pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
-        self.jobs: dict[int, tuple[Future, Any]] = {}
+        self.jobs: dict[int, Reply] = {}
         self.alive = True
 
     def hang_up(self) -> None:
@@ -75,13 +83,113 @@ class _Worker:
         self.connection.close()
 
 
+class _Pool:
+    """``size`` workers and a reader thread each; :meth:`send` gives a job to the least busy living worker."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._lock = threading.Lock()
+        self._next_job = 0
+        self._workers: list[_Worker] = []
+        self._readers: list[threading.Thread] = []
+        try:
+            for index in range(size):
+                self._workers.append(_Worker())
+                reader = threading.Thread(target=self._read, args=(self._workers[-1],), daemon=True,
+                                          name=f"yolo_fastdetect_pool_reader_{index}")
+                self._readers.append(reader)
+                reader.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def whole(self) -> bool:
+        """Whether every worker lives."""
+        return all(worker.alive for worker in self._workers)
+
+    def send(self, path: str, flags: int, reply: Reply) -> bool:
+        """Have a worker decode ``path``; ``reply`` is called on a reader thread. False where no worker lives."""
+        with self._lock:
+            living = [w for w in self._workers if w.alive]
+            if not living:
+                return False
+            worker = min(living, key=lambda w: len(w.jobs))
+            job, self._next_job = self._next_job, self._next_job + 1
+            worker.jobs[job] = reply
+            try:
+                worker.connection.send(pickle.dumps((job, path, flags)))
+            except OSError:  # the worker died: its reader answers the job with None
+                pass
+        return True
+
+    def _read(self, worker: _Worker) -> None:
+        """A worker's answers, in order, to their callbacks; when it is gone, None to what it still owed."""
+        while True:
+            try:
+                message, fds, _, _ = socket.recv_fds(worker.connection, 1 << 16, 1)
+            except OSError:
+                message, fds = b"", []
+            if not message:
+                break
+            job, shape = pickle.loads(message)
+            with self._lock:
+                reply = worker.jobs.pop(job)
+            try:
+                image = _mapped(fds[0], shape) if shape is not None and fds else None
+            except (OSError, ValueError):  # not mappable: decoded on a thread instead
+                image = None
+            reply(image)
+        with self._lock:
+            worker.alive = False
+            owed, worker.jobs = list(worker.jobs.values()), {}
+        for reply in owed:
+            reply(None)
+
+    def stop(self) -> None:
+        """Stop the workers and join the readers (what the workers owed is answered with None)."""
+        for worker in self._workers:
+            worker.hang_up()
+        for reader in self._readers:
+            reader.join()
+        for worker in self._workers:
+            worker.stop()
+
+
+_shared: _Pool | None = None
+_shared_lock = threading.Lock()
+
+
+def _shared_pool(size: int) -> _Pool:
+    """The process's pool of ``size`` workers (made anew where it has another size or a worker died)."""
+    global _shared
+    with _shared_lock:
+        if _shared is None or _shared.size != size or not _shared.whole:
+            if _shared is not None:
+                _shared.stop()
+            _shared = _Pool(size)
+        return _shared
+
+
+def stop_shared_pool() -> None:
+    """Stop the shared pool's workers, if there are any (``yolo_fastdetect.disable()`` and exit call it)."""
+    global _shared
+    with _shared_lock:
+        pool, _shared = _shared, None
+    if pool is not None:
+        pool.stop()
+
+
+atexit.register(stop_shared_pool)
+
 class DecoderProcesses(Executor):
-    """An executor of ``decode(item)`` whose workers decode the file ``request(item)`` names, where it names one:
-    ``decode`` must give, for such an item, the image ``imread(file, flags)`` gives, passed through ``finish``.
-    Other items, other functions, and the files a worker declines run on up to ``threads`` threads.
+    """An executor of ``decode(item)`` whose workers (the process's shared pool of ``processes``) decode the file
+    ``request(item)`` names, where it names one: ``decode`` must give, for such an item, the image
+    ``imread(file, flags)`` gives, passed through ``finish``. Other items, other functions, and the files a worker
+    declines run on up to ``threads`` threads of this executor's own.
 
     Args:
-        processes (int): Worker processes.
+        processes (int): Workers of the shared pool.
         decode (Callable): The in-process decode of one item, which the workers stand in for.
         request (Callable[[Any], str | None]): The file a worker may decode for an item (one that Ultralytics'
             ``imread`` decodes with ``cv2.imdecode`` alone: not a TIFF nor a Pillow-only suffix), or None.
@@ -89,6 +197,9 @@ class DecoderProcesses(Executor):
         finish (Callable[[np.ndarray], Any] | None): Applied here to each image a worker decodes (what ``decode``
             does after ``imread``, such as the upload-ahead), or None.
         threads (int): Threads for what the workers do not decode (started only as needed).
+
+    Raises:
+        OSError: The workers could not be started (no interpreter to run them).
 
     Examples:
         >>> with DecoderProcesses(4, decode, lambda path: path, cv2.IMREAD_COLOR) as pool:
@@ -98,22 +209,11 @@ class DecoderProcesses(Executor):
     def __init__(self, processes: int, decode: Callable, request: Callable[[Any], str | None], flags: int,
                  finish: Callable[[np.ndarray], Any] | None = None, threads: int = 1):
         self._decode, self._request, self._flags, self._finish = decode, request, flags, finish
+        self._pool = _shared_pool(max(1, processes))
         self._lock = threading.Lock()
-        self._next_job = 0
+        self._owed: set[Future] = set()  # futures a worker is to resolve
         self._closed = False
         self._threads = ThreadPoolExecutor(max(1, threads), thread_name_prefix="yolo_fastdetect_decode")
-        self._workers: list[_Worker] = []
-        self._readers: list[threading.Thread] = []
-        try:
-            for index in range(max(1, processes)):
-                self._workers.append(_Worker())
-                reader = threading.Thread(target=self._read, args=(self._workers[-1],), daemon=True,
-                                          name=f"yolo_fastdetect_decode_reader_{index}")
-                self._readers.append(reader)
-                reader.start()
-        except BaseException:
-            self.shutdown()
-            raise
 
     @property
     def decode(self) -> Callable:
@@ -130,53 +230,31 @@ class DecoderProcesses(Executor):
         with self._lock:
             if self._closed:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-            living = [w for w in self._workers if w.alive]
-            if not living:
-                return self._threads.submit(fn, *args)
-            worker = min(living, key=lambda w: len(w.jobs))
-            job, self._next_job = self._next_job, self._next_job + 1
-            worker.jobs[job] = (future, args[0])
-            try:
-                worker.connection.send(pickle.dumps((job, os.fspath(path), self._flags)))
-            except OSError:  # the worker died: its reader hands its jobs to threads
-                pass
+            self._owed.add(future)
+        item = args[0]
+        if not self._pool.send(os.fspath(path), self._flags, lambda image: self._on_reply(future, item, image)):
+            self._on_reply(future, item, None)
         return future
 
-    def _read(self, worker: _Worker) -> None:
-        """A worker's answers, in order: resolve each job's future; decline and a dead worker go to threads."""
-        while True:
-            try:
-                message, fds, _, _ = socket.recv_fds(worker.connection, 1 << 16, 1)
-            except OSError:
-                message, fds = b"", []
-            if not message:
-                break
-            job, shape = pickle.loads(message)
-            with self._lock:
-                future, item = worker.jobs.pop(job)
-            if shape is None or not fds:
-                self._on_thread(future, item)
-                continue
-            try:
-                image = _mapped(fds[0], shape)
-                future.set_result(self._finish(image) if self._finish is not None else image)
-            except BaseException as error:  # noqa: BLE001 - the consumer's next() raises it
-                future.set_exception(error)
+    def _on_reply(self, future: Future, item, image: np.ndarray | None) -> None:
+        """A worker's answer for ``item``: the image finished here, or (None) ``decode(item)`` on a thread."""
         with self._lock:
-            worker.alive = False
-            owed, worker.jobs = list(worker.jobs.values()), {}
-            closed = self._closed
-        for future, item in owed:
-            if closed:
-                future.set_exception(RuntimeError("yolo_fastdetect: decoder processes shut down"))
-            else:
-                self._on_thread(future, item)
+            if future not in self._owed:  # shut down meanwhile: the future has its exception already
+                return
+            self._owed.discard(future)
+        if image is None:
+            self._on_thread(future, item)
+            return
+        try:
+            future.set_result(self._finish(image) if self._finish is not None else image)
+        except BaseException as error:  # noqa: BLE001 - the consumer's next() raises it
+            future.set_exception(error)
 
     def _on_thread(self, future: Future, item) -> None:
         """Resolve ``future`` with ``decode(item)`` run on a thread (what the worker declined or still owed)."""
         def relay(done: Future) -> None:
             if done.cancelled():  # the executor shut down before the thread took it
-                future.set_exception(RuntimeError("yolo_fastdetect: decoder processes shut down"))
+                future.set_exception(RuntimeError(_SHUT_DOWN))
             elif done.exception() is not None:
                 future.set_exception(done.exception())
             else:
@@ -188,13 +266,10 @@ class DecoderProcesses(Executor):
             future.set_exception(error)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """Stop the workers (their jobs fail), join the reader threads and the fallback threads."""
+        """Fail what the workers still owe this executor (they go on with the pool) and join its threads."""
         with self._lock:
             self._closed = True
-        for worker in self._workers:
-            worker.hang_up()
-        for reader in self._readers:
-            reader.join()
-        for worker in self._workers:
-            worker.stop()
+            owed, self._owed = self._owed, set()
+        for future in owed:
+            future.set_exception(RuntimeError(_SHUT_DOWN))
         self._threads.shutdown(wait=wait, cancel_futures=cancel_futures)
