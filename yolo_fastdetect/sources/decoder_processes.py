@@ -87,7 +87,7 @@ class _Pool:
     """``size`` workers and a reader thread each; :meth:`send` gives a job to the least busy living worker."""
 
     def __init__(self, size: int):
-        self.size = size
+        self.size, self.owner = size, os.getpid()
         self._lock = threading.Lock()
         self._next_job = 0
         self._workers: list[_Worker] = []
@@ -161,9 +161,12 @@ _shared_lock = threading.Lock()
 
 
 def _shared_pool(size: int) -> _Pool:
-    """The process's pool of ``size`` workers (made anew where it has another size or a worker died)."""
+    """The process's pool of ``size`` workers (made anew where it has another size or a worker died; in a forked
+    child, whose copy of the pool talks to its parent's workers, one of its own)."""
     global _shared
     with _shared_lock:
+        if _shared is not None and _shared.owner != os.getpid():
+            _shared = None  # the parent's: not ours to stop
         if _shared is None or _shared.size != size or not _shared.whole:
             if _shared is not None:
                 _shared.stop()
@@ -176,7 +179,7 @@ def stop_shared_pool() -> None:
     global _shared
     with _shared_lock:
         pool, _shared = _shared, None
-    if pool is not None:
+    if pool is not None and pool.owner == os.getpid():
         pool.stop()
 
 
