@@ -1,5 +1,6 @@
 """Decoder processes (``YOLO_FASTDETECT_DECODE_PROCESSES``, opt-in): the bytes of Ultralytics' ``imread`` for every
-kind of file, a folder predicted as stock predicts it, a killed worker's jobs done on threads, bad settings named."""
+kind of file, a folder and a list of paths predicted as stock predicts them, a truncated JPEG of a list sent to
+Pillow (as stock, which raises), a killed worker's jobs done on threads, bad settings named."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ import torch
 from ultralytics.data import loaders
 
 from sources_corpus import write_corpus, write_images
-from test_sources import assert_same_files, assert_same_results, detecting_model, stock_and_ours
+from test_sources import assert_same_files, assert_same_results, detecting_model, list_sources, stock_and_ours
 from yolo_fastdetect import sources
-from yolo_fastdetect.sources import DecoderProcesses, FileLoader, decoder_processes, files
+from yolo_fastdetect.sources import DecoderProcesses, FileLoader, PathListLoader, decoder_processes, files
+from yolo_fastdetect.sources import path_list as path_list_module
 
 FLAGS = {"color": cv2.IMREAD_COLOR, "gray": cv2.IMREAD_GRAYSCALE}
 
@@ -98,6 +100,33 @@ def test_folder_with_processes_matches_stock(tmp_path, monkeypatch):
     assert ours["batches"] == stock["batches"]
     assert ours["log"] == stock["log"]
     assert_same_files(stock["saved"], ours["saved"])
+
+
+def test_list_with_processes_matches_stock(tmp_path, monkeypatch):
+    corpus = write_corpus(tmp_path / "corpus")
+    monkeypatch.setenv(sources.PROCESSES_VARIABLE, "2")
+    model = detecting_model("cpu", logit_scale=1e7)
+    stock, ours = stock_and_ours(model, list_sources(corpus)["mixed sizes"], tmp_path, batch=3, device="cpu")
+    assert ours["dataset"] is PathListLoader
+    assert_same_results(stock["results"], ours["results"])
+    assert ours["log"] == stock["log"]
+    assert_same_files(stock["saved"], ours["saved"])
+
+
+def test_a_truncated_jpeg_of_a_list_goes_to_pillow(corpus_folder):
+    """Its header says plain JPEG, so it is sent to a worker, which declines it (no EOI): Pillow's route raises
+    what stock raises."""
+    whole = corpus_folder / "a_baseline.jpg"
+    truncated = corpus_folder / "z_truncated.jpg"
+    truncated.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    with pytest.raises(OSError, match="truncated"):
+        list(PathListLoader([str(whole), str(truncated)], batch=2, processes=2))
+    decode = partial(path_list_module._decode, channels=3)
+    pool = DecoderProcesses(2, decode, path_list_module._worker_file, path_list_module._OPENCV_FLAGS,
+                            partial(path_list_module._named, None), whole_jpeg=True)
+    with pool:
+        name, image = pool.submit(decode, (0, whole, True)).result(timeout=60)
+    assert name == str(whole) and np.array_equal(image, path_list_module._decode((0, whole, True), 3)[1])
 
 
 def test_processes_setting_is_validated(monkeypatch):

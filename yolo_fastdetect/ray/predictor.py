@@ -14,7 +14,6 @@ What it guarantees:
 from __future__ import annotations
 
 import threading
-import weakref
 from collections import defaultdict
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import records
-from .decode import decode_rows, row_decoders
+from .decode import decode_rows
 
 
 def shippable(model):
@@ -88,11 +87,7 @@ class Predictor:
         self.schema = records.schema(task, keypoint_dims)
         self.channels = self.model.model.yaml.get("channels", 3)
         self.threads = decode_threads or default_threads()
-        processes = default_processes() if decode_processes is None else decode_processes
-        # The workers live as long as this actor (a finalizer stops them when it is collected).
-        self._decoders = row_decoders(processes, self.channels, self.threads) if processes else None
-        if self._decoders is not None:
-            weakref.finalize(self, self._decoders.shutdown)
+        self.processes = default_processes() if decode_processes is None else decode_processes
         device = device or ("cuda:0" if torch.cuda.is_available() else "cpu")
         self.predict_args = {"verbose": False, **predict_args, "device": device}
         self._model_lock = threading.Lock()
@@ -100,7 +95,7 @@ class Predictor:
     def __call__(self, batch: dict[str, np.ndarray]) -> pa.Table:
         """The detections of ``batch`` (columns ``path``, optionally ``bytes``), one row per input row."""
         paths = [str(path) for path in batch["path"]]
-        decoded = decode_rows(paths, batch.get("bytes"), self.channels, self.threads, self._decoders)
+        decoded = decode_rows(paths, batch.get("bytes"), self.channels, self.threads, self.processes)
         by_size = defaultdict(list)  # image shape -> row indices
         for index, image in enumerate(decoded):
             if not isinstance(image, str):

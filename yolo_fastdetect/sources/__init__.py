@@ -10,10 +10,10 @@ Settings (environment variables, read when a loader is made):
 
 - ``YOLO_FASTDETECT_SOURCES=0``: Ultralytics' own loaders;
 - ``YOLO_FASTDETECT_DECODE_THREADS``: decoder threads (default: the CPU cores this process may use, less one);
-- ``YOLO_FASTDETECT_DECODE_PROCESSES=N`` (opt-in, not yet measured faster on the GPU host): a folder's, glob's or
-  ``.txt``/``.csv`` list's images decode in N worker processes instead of threads, outside this process's GIL, to
-  the same bytes (:mod:`.decoder_processes`; the workers stay for the next loader, until ``disable()``); default 0,
-  threads;
+- ``YOLO_FASTDETECT_DECODE_PROCESSES=N`` (opt-in, not yet measured faster on the GPU host): the images of file
+  sources (a Python list's: those of the OpenCV route) decode in N worker processes instead of threads, outside
+  this process's GIL, to the same bytes (:mod:`.decoder_processes`; the workers stay for the next loader, until
+  ``disable()``); default 0, threads;
 - ``YOLO_FASTDETECT_READ_AHEAD``: batches decoded ahead of the predictor (default 2);
 - ``YOLO_FASTDETECT_LIST_OPENCV=0``: every file of a list decodes through Pillow, as stock (by default OpenCV decodes
   the JPEGs it decodes to the same bytes, see :mod:`.path_list`);
@@ -124,5 +124,6 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3,
         isinstance(item, Path) or (isinstance(item, str) and not item.lower().startswith(("http://", "https://")))
         for item in source
     ):
-        return PathListLoader(source, opencv_jpeg=os.environ.get(LIST_OPENCV_VARIABLE, "1") != "0", **options)
+        return PathListLoader(source, opencv_jpeg=os.environ.get(LIST_OPENCV_VARIABLE, "1") != "0",
+                              processes=decode_processes(), **options)
     return None

@@ -1,11 +1,12 @@
 """One decoder process of :mod:`yolo_fastdetect.sources.decoder_processes`, run as a script (numpy and OpenCV only:
 importing the package would import torch and Ultralytics, seconds per process).
 
-It reads ``(job, path, flags)`` requests from the Unix socket whose descriptor is its argument, and answers each,
-in order, with ``(job, shape)`` and a memfd holding the image's bytes, or ``(job, None)`` where it declines: an
-unreadable or empty file, one OpenCV does not decode, or a result that is not 8-bit. The parent sends only files
-that Ultralytics' ``imread`` decodes with ``cv2.imdecode(np.fromfile(path), flags)`` alone (not TIFF, not the
-suffixes it hands to Pillow), and decodes whatever is declined with ``imread`` itself.
+It reads ``(job, path, flags, whole_jpeg)`` requests from the Unix socket whose descriptor is its argument, and
+answers each, in order, with ``(job, shape)`` and a memfd holding the image's bytes, or ``(job, None)`` where it
+declines: an unreadable or empty file, one that does not end in its EOI marker where ``whole_jpeg`` asks for it, one
+OpenCV does not decode, or a result that is not 8-bit. The parent sends only files its own decode would decode with
+``cv2.imdecode(np.fromfile(path), flags)`` alone (for a folder: not TIFF, not the suffixes Ultralytics' ``imread``
+hands to Pillow; for a list: the JPEGs that OpenCV decodes to Pillow's bytes), and decodes what is declined itself.
 """
 
 from __future__ import annotations
@@ -18,15 +19,16 @@ import sys
 
 import cv2
 import numpy as np
+from jpeg_bytes import ends_in_eoi  # this script's folder is first on sys.path
 
 
-def decode(path: str, flags: int) -> np.ndarray | None:
+def decode(path: str, flags: int, whole_jpeg: bool = False) -> np.ndarray | None:
     """The image as ``imread`` returns it for such a file (a gray one as ``(h, w, 1)``), or None to decline."""
     try:
         data = np.fromfile(path, np.uint8)
     except OSError:
         return None
-    if not data.size:
+    if not data.size or (whole_jpeg and not ends_in_eoi(data)):
         return None
     image = cv2.imdecode(data, flags)
     if image is None or image.dtype != np.uint8:
@@ -47,8 +49,8 @@ def shared_copy(image: np.ndarray) -> int:
 def serve(connection: socket.socket) -> None:
     """Answer requests until the parent closes its end."""
     while message := connection.recv(1 << 16):
-        job, path, flags = pickle.loads(message)
-        image = decode(path, flags)
+        job, path, flags, whole_jpeg = pickle.loads(message)
+        image = decode(path, flags, whole_jpeg)
         if image is None:
             connection.send(pickle.dumps((job, None)))
             continue

@@ -34,6 +34,7 @@ import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -108,8 +109,9 @@ class _Pool:
         """Whether every worker lives."""
         return all(worker.alive for worker in self._workers)
 
-    def send(self, path: str, flags: int, reply: Reply) -> bool:
-        """Have a worker decode ``path``; ``reply`` is called on a reader thread. False where no worker lives."""
+    def send(self, path: str, flags: int, whole_jpeg: bool, reply: Reply) -> bool:
+        """Have a worker decode ``path`` (``whole_jpeg``: only if it ends in its EOI marker); ``reply`` is called on a
+        reader thread. False where no worker lives."""
         with self._lock:
             living = [w for w in self._workers if w.alive]
             if not living:
@@ -118,7 +120,7 @@ class _Pool:
             job, self._next_job = self._next_job, self._next_job + 1
             worker.jobs[job] = reply
             try:
-                worker.connection.send(pickle.dumps((job, path, flags)))
+                worker.connection.send(pickle.dumps((job, path, flags, whole_jpeg)))
             except OSError:  # the worker died: its reader answers the job with None
                 pass
         return True
@@ -187,19 +189,20 @@ atexit.register(stop_shared_pool)
 
 class DecoderProcesses(Executor):
     """An executor of ``decode(item)`` whose workers (the process's shared pool of ``processes``) decode the file
-    ``request(item)`` names, where it names one: ``decode`` must give, for such an item, the image
-    ``imread(file, flags)`` gives, passed through ``finish``. Other items, other functions, and the files a worker
-    declines run on up to ``threads`` threads of this executor's own.
+    ``request(item)`` names, where it names one: ``decode`` must give, for such an item, ``finish(item, image)`` of
+    the image ``cv2.imdecode(np.fromfile(file), flags)`` gives, wherever that is an 8-bit image (and the file ends
+    in its EOI marker, with ``whole_jpeg``). Other items, other functions, and the files a worker declines run on up
+    to ``threads`` threads of this executor's own.
 
     Args:
         processes (int): Workers of the shared pool.
         decode (Callable): The in-process decode of one item, which the workers stand in for.
-        request (Callable[[Any], str | None]): The file a worker may decode for an item (one that Ultralytics'
-            ``imread`` decodes with ``cv2.imdecode`` alone: not a TIFF nor a Pillow-only suffix), or None.
+        request (Callable[[Any], str | None]): The file a worker may decode for an item, or None.
         flags (int): The ``cv2.IMREAD_*`` flags ``decode`` reads with.
-        finish (Callable[[np.ndarray], Any] | None): Applied here to each image a worker decodes (what ``decode``
-            does after ``imread``, such as the upload-ahead), or None.
+        finish (Callable[[Any, np.ndarray], Any] | None): Applied here to each item and the image a worker decoded
+            for it (what ``decode`` does after decoding: naming it, the upload-ahead), or None: the image itself.
         threads (int): Threads for what the workers do not decode (started only as needed).
+        whole_jpeg (bool): Whether a worker declines a file that does not end in its EOI marker.
 
     Raises:
         OSError: The workers could not be started (no interpreter to run them).
@@ -210,18 +213,14 @@ class DecoderProcesses(Executor):
     """
 
     def __init__(self, processes: int, decode: Callable, request: Callable[[Any], str | None], flags: int,
-                 finish: Callable[[np.ndarray], Any] | None = None, threads: int = 1):
+                 finish: Callable[[Any, np.ndarray], Any] | None = None, threads: int = 1, whole_jpeg: bool = False):
         self._decode, self._request, self._flags, self._finish = decode, request, flags, finish
+        self._whole_jpeg = whole_jpeg
         self._pool = _shared_pool(max(1, processes))
         self._lock = threading.Lock()
         self._owed: set[Future] = set()  # futures a worker is to resolve
         self._closed = False
         self._threads = ThreadPoolExecutor(max(1, threads), thread_name_prefix="yolo_fastdetect_decode")
-
-    @property
-    def decode(self) -> Callable:
-        """The function whose items the workers decode: submit it."""
-        return self._decode
 
     def submit(self, fn: Callable, /, *args, **kwargs) -> Future:
         """``fn(*args, **kwargs)``, computed by a worker where ``fn`` is ``decode`` of an item that names a file."""
@@ -235,7 +234,7 @@ class DecoderProcesses(Executor):
                 raise RuntimeError("cannot schedule new futures after shutdown")
             self._owed.add(future)
         item = args[0]
-        if not self._pool.send(os.fspath(path), self._flags, lambda image: self._on_reply(future, item, image)):
+        if not self._pool.send(os.fspath(path), self._flags, self._whole_jpeg, partial(self._on_reply, future, item)):
             self._on_reply(future, item, None)
         return future
 
@@ -249,7 +248,7 @@ class DecoderProcesses(Executor):
             self._on_thread(future, item)
             return
         try:
-            future.set_result(self._finish(image) if self._finish is not None else image)
+            future.set_result(self._finish(item, image) if self._finish is not None else image)
         except BaseException as error:  # noqa: BLE001 - the consumer's next() raises it
             future.set_exception(error)
 
@@ -276,3 +275,15 @@ class DecoderProcesses(Executor):
         for future in owed:
             future.set_exception(RuntimeError(_SHUT_DOWN))
         self._threads.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+
+def start_decoders(processes: int, *args, **kwargs) -> DecoderProcesses | None:
+    """``DecoderProcesses(processes, *args, **kwargs)``, or None (the loader decodes on threads), with a warning,
+    where the workers cannot start."""
+    try:
+        return DecoderProcesses(processes, *args, **kwargs)
+    except OSError as error:
+        from ultralytics.utils import LOGGER
+
+        LOGGER.warning(f"yolo_fastdetect: decoder processes did not start ({error}); decoding on threads")
+        return None

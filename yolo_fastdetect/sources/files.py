@@ -22,7 +22,7 @@ import torch
 from ultralytics.data import loaders
 from ultralytics.data.loaders import LoadImagesAndVideos, SourceTypes
 
-from .decoder_processes import DecoderProcesses
+from .decoder_processes import start_decoders
 from .gpu_jpeg import EncodedJpeg, decode_on_gpu, read_for_gpu
 from .prefetch import OrderedPrefetch
 from .upload import Uploads, loader_uploads
@@ -93,7 +93,6 @@ class FileLoader(LoadImagesAndVideos):
         self.uploads = loader_uploads(upload_to or gpu_jpeg, batch, threads, read_ahead)
         self._upload_ahead, self._gpu_jpeg = upload_to is not None, gpu_jpeg is not None
         self._images: OrderedPrefetch | None = None
-        self._decoders: DecoderProcesses | None = None
         self._videos: VideoReader | None = None
         self._in_video = False
 
@@ -104,22 +103,16 @@ class FileLoader(LoadImagesAndVideos):
             decode = partial(_read_or_decode if self._gpu_jpeg else _decode, flags=self.cv2_flag,
                              uploads=self.uploads if self._upload_ahead else None)
             window = max(self.read_ahead * self.bs, self.threads, self.processes)
-            self._decoders = self._decoder_processes(decode) if self.processes else None
-            self._images = OrderedPrefetch(decode, self.files[: self.ni], self.threads, window, self._decoders)
+            executor = None
+            if self.processes:
+                finish = (lambda path, image: self.uploads.put(image)) if self._upload_ahead else None
+                executor = start_decoders(self.processes, decode, worker_file, self.cv2_flag, finish, self.threads)
+            self._images = OrderedPrefetch(decode, self.files[: self.ni], self.threads, window, executor)
         if self.nf > self.ni:
             gray = self.cv2_flag == cv2.IMREAD_GRAYSCALE
             self._videos = VideoReader(self.files[self.ni :], self.vid_stride, gray, self.read_ahead * self.bs,
                                        on_frame=self.uploads.put if self._upload_ahead else None)
         return self
-
-    def _decoder_processes(self, decode: partial) -> DecoderProcesses | None:
-        """The decoder processes standing in for ``decode``, or None (threads) where they cannot start."""
-        finish = self.uploads.put if self._upload_ahead else None
-        try:
-            return DecoderProcesses(self.processes, decode, worker_file, self.cv2_flag, finish, self.threads)
-        except OSError as error:
-            loaders.LOGGER.warning(f"yolo_fastdetect: decoder processes did not start ({error}); decoding on threads")
-            return None
 
     def __next__(self) -> tuple[list[str], list[np.ndarray], list[str]]:
         while True:
@@ -196,9 +189,7 @@ class FileLoader(LoadImagesAndVideos):
         for reader in (self._images, self._videos):
             if reader is not None:
                 reader.close()
-        if self._decoders is not None:
-            self._decoders.shutdown()
-        self._images = self._videos = self._decoders = None
+        self._images = self._videos = None
         self._in_video = False
         if self.uploads is not None:
             self.uploads.clear()

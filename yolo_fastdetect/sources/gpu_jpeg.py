@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from PIL import ExifTags, Image
 
-from .path_list import ends_in_eoi
+from .jpeg_bytes import ends_in_eoi
 
 GPU_JPEG_SUFFIXES = (".jpg", ".jpeg")
 

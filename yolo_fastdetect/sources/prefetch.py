@@ -18,24 +18,21 @@ Result = TypeVar("Result")
 _END = object()  # no more items
 
 
-def _shut_down(executor: Executor | None, pending: deque[Future]) -> None:
-    """Cancel what has not started and join the threads, if they are ours (what is running finishes: one decode at
-    most each)."""
+def _shut_down(executor: Executor, pending: deque[Future]) -> None:
+    """Cancel what has not started and join the threads (what is running finishes: one decode at most each)."""
     for future in pending:
         future.cancel()
     pending.clear()
-    if executor is not None:
-        executor.shutdown(wait=True, cancel_futures=True)
+    executor.shutdown(wait=True, cancel_futures=True)
 
 
 class OrderedPrefetch(Generic[Item, Result]):
     """``function(item)`` for each item, computed up to ``window`` items ahead on ``threads`` threads, returned in
     order. An exception raised by ``function`` is raised by the ``next()`` that reaches its item.
 
-    The threads are owned by this object: they are joined when it is exhausted, on :meth:`close`, when a result
-    raises, and when the object is garbage-collected. An ``executor`` given instead (anything that runs
-    ``function(item)``, such as :class:`~.decoder_processes.DecoderProcesses`) stays its caller's: those moments
-    only cancel what it has not started.
+    The threads (or ``executor``, given instead: anything that runs ``function(item)``, such as
+    :class:`~.decoder_processes.DecoderProcesses`) are owned by this object: they are joined (it is shut down) when
+    it is exhausted, on :meth:`close`, when a result raises, and when the object is garbage-collected.
 
     Examples:
         >>> with OrderedPrefetch(str.upper, ["a", "b", "c"], threads=2, window=2) as upper:
@@ -49,9 +46,8 @@ class OrderedPrefetch(Generic[Item, Result]):
         self._items: Iterator[Item] = iter(items)
         self._window = max(1, window)
         self._pending: deque[Future] = deque()
-        own = None if executor else ThreadPoolExecutor(max(1, threads), thread_name_prefix="yolo_fastdetect_decode")
-        self._executor = executor or own
-        self._finalizer = weakref.finalize(self, _shut_down, own, self._pending)
+        self._executor = executor or ThreadPoolExecutor(max(1, threads), thread_name_prefix="yolo_fastdetect_decode")
+        self._finalizer = weakref.finalize(self, _shut_down, self._executor, self._pending)
         self._fill()
 
     def _fill(self) -> None:
