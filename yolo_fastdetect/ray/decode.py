@@ -77,6 +77,6 @@ def decode_rows(paths: Sequence[str], contents: Sequence[bytes | None] | None, c
     rows = list(zip(paths, contents if contents is not None else [None] * len(paths)))
     flags = cv2.IMREAD_GRAYSCALE if channels == 1 else cv2.IMREAD_COLOR
     decode = partial(_decode_row, flags=flags)
-    executor = start_decoders(processes, decode, _row_file, flags, threads=threads) if processes else None
+    executor = start_decoders(processes, decode, _row_file, flags, threads=threads)
     with OrderedPrefetch(decode, rows, threads, window=len(rows), executor=executor) as decoded:
         return list(decoded)

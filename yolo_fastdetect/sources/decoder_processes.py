@@ -187,6 +187,7 @@ def stop_shared_pool() -> None:
 
 atexit.register(stop_shared_pool)
 
+
 class DecoderProcesses(Executor):
     """An executor of ``decode(item)`` whose workers (the process's shared pool of ``processes``) decode the file
     ``request(item)`` names, where it names one: ``decode`` must give, for such an item, ``finish(item, image)`` of
@@ -278,8 +279,10 @@ class DecoderProcesses(Executor):
 
 
 def start_decoders(processes: int, *args, **kwargs) -> DecoderProcesses | None:
-    """``DecoderProcesses(processes, *args, **kwargs)``, or None (the loader decodes on threads), with a warning,
-    where the workers cannot start."""
+    """``DecoderProcesses(processes, *args, **kwargs)``, or None (the loader decodes on threads): for no processes,
+    and, with a warning, where the workers cannot start."""
+    if processes < 1:
+        return None
     try:
         return DecoderProcesses(processes, *args, **kwargs)
     except OSError as error:

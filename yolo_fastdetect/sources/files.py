@@ -103,10 +103,8 @@ class FileLoader(LoadImagesAndVideos):
             decode = partial(_read_or_decode if self._gpu_jpeg else _decode, flags=self.cv2_flag,
                              uploads=self.uploads if self._upload_ahead else None)
             window = max(self.read_ahead * self.bs, self.threads, self.processes)
-            executor = None
-            if self.processes:
-                finish = (lambda path, image: self.uploads.put(image)) if self._upload_ahead else None
-                executor = start_decoders(self.processes, decode, worker_file, self.cv2_flag, finish, self.threads)
+            finish = (lambda path, image: self.uploads.put(image)) if self._upload_ahead else None
+            executor = start_decoders(self.processes, decode, worker_file, self.cv2_flag, finish, self.threads)
             self._images = OrderedPrefetch(decode, self.files[: self.ni], self.threads, window, executor)
         if self.nf > self.ni:
             gray = self.cv2_flag == cv2.IMREAD_GRAYSCALE

@@ -139,10 +139,8 @@ class PathListLoader(LoadPilAndNumpy):
         self.count = 0
         decode = partial(_decode, channels=self.channels, uploads=self.uploads)
         window = max(self.read_ahead * self.bs, self.threads, self.processes)
-        executor = None
-        if self.processes:
-            executor = start_decoders(self.processes, decode, _worker_file, _OPENCV_FLAGS,
-                                      partial(_named, self.uploads), self.threads, whole_jpeg=True)
+        executor = start_decoders(self.processes, decode, _worker_file, _OPENCV_FLAGS, partial(_named, self.uploads),
+                                  self.threads, whole_jpeg=True)
         self._images = OrderedPrefetch(decode, self._entries, self.threads, window, executor)
         return self
 
