@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install the carried Ultralytics wheel, build the operators, run the test suite
-# (CUDA tests included), then the benchmarks named as arguments (e.g. "decode --predict"; separate with ';').
+# (CUDA tests included; PYTEST_ARGS is shell words, so -k 'not slow' keeps its quotes), then the benchmarks named as arguments (e.g. "decode --predict"; separate with ';').
 # Logs go to $OUT (the device tool's return folder) when set.
 set -o pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -11,7 +11,7 @@ export YOLO_CONFIG_DIR=/tmp/yolo_config
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 python3 -m yolo_fastdetect build 2>&1 | tail -5 || exit 1
 python3 -m yolo_fastdetect info
-timeout ${PYTEST_TIMEOUT:-600} python3 -m pytest -q ${PYTEST_ARGS:-tests} -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | grep -E "passed|failed|error|FAILED|ERROR" | tail -40
+eval timeout ${PYTEST_TIMEOUT:-600} python3 -m pytest -q ${PYTEST_ARGS:-tests} -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | grep -E "passed|failed|error|FAILED|ERROR" | tail -40
 IFS=';' read -ra benches <<< "$*"
 for bench in "${benches[@]}"; do
   name=$(echo $bench | awk '{print $1}')
