@@ -109,9 +109,10 @@ def test_compiles_fewer_times_than_stock():
 
 # CUDA ------------------------------------------------------------------------------------------------------------
 
-# Every setting on the Detect model; Segment and Pose (the same patched decode) with compile's default mode only, to
-# bound the GPU run (max-autotune-no-cudagraphs alone autotunes for minutes).
-SETTINGS = ["eager", "graphs", True, "reduce-overhead", "max-autotune-no-cudagraphs"]
+# Every setting on the Detect model (NHWC weights, ours by default on CUDA, except "nchw": graphs on NCHW weights);
+# Segment and Pose (the same patched decode) with compile's default mode only, to bound the GPU run
+# (max-autotune-no-cudagraphs alone autotunes for minutes).
+SETTINGS = ["eager", "graphs", "nchw", True, "reduce-overhead", "max-autotune-no-cudagraphs"]
 CASES = [("yolo11n.yaml", setting) for setting in SETTINGS] + [("yolo11n-seg.yaml", True), ("yolo11n-pose.yaml", True)]
 
 
@@ -128,7 +129,8 @@ def test_predict_fp16_same_as_stock_eager(config, setting, monkeypatch):
     torch._dynamo.reset()
     default_cache().clear()
     monkeypatch.setenv("YOLO_FASTDETECT_GRAPHS", "0" if setting == "eager" else "1")
-    compile_mode = setting if setting not in ("eager", "graphs") else False
+    monkeypatch.setenv("YOLO_FASTDETECT_CHANNELS_LAST", "0" if setting == "nchw" else "1")
+    compile_mode = setting if setting not in ("eager", "graphs", "nchw") else False
     for kind, expected in stock.items():
         ours = predict(model, sources_for(kind), half=True, batch=8, compile=compile_mode)
         assert_same_detections(ours, expected, box_atol=2.0, conf_atol=2e-3)

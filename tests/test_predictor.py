@@ -50,14 +50,14 @@ def class_dicts() -> dict[type, dict]:
 def test_apply_and_revert_restore_the_class_dicts_exactly():
     yolo_fastdetect.disable()
     stock = class_dicts()
-    assert not {"setup_source", "preprocess", "inference"} & DetectionPredictor.__dict__.keys()
+    methods = {"setup_model", "setup_source", "preprocess", "inference"}
+    assert not methods & DetectionPredictor.__dict__.keys()
     yolo_fastdetect.enable()
     patched = class_dicts()
-    assert patched[DetectionPredictor]["preprocess"] is predictor_patch.preprocess
-    assert patched[DetectionPredictor]["inference"] is predictor_patch.inference
-    assert patched[DetectionPredictor]["setup_source"] is predictor_patch.setup_source
+    for name in methods:
+        assert patched[DetectionPredictor][name] is getattr(predictor_patch, name)
     added = set(patched[DetectionPredictor]) - set(stock[DetectionPredictor])
-    assert added == {"setup_source", "preprocess", "inference"}
+    assert added == methods
     for cls in PREDICTOR_CLASSES:  # nothing else changed, on DetectionPredictor or elsewhere
         unchanged = {k: v for k, v in patched[cls].items() if cls is not DetectionPredictor or k in stock[cls]}
         assert unchanged.keys() == stock[cls].keys() and all(unchanged[k] is stock[cls][k] for k in unchanged)
@@ -147,7 +147,9 @@ GPU_MODELS = ["yolo11n.yaml", "yolov8n.yaml", "yolo12n.yaml"]
 
 
 def predict(model, sources, runs: int = 3, **kwargs) -> list:
-    """The results of the last of ``runs`` identical predictions: by the third a shape's graph is replayed."""
+    """The results of the last of ``runs`` identical predictions on a new predictor, as a user's first call makes
+    (its ``setup_model``, patched or stock, picks the weights' layout): by the third a shape's graph is replayed."""
+    model.predictor = None
     for _ in range(runs):
         results = model.predict(sources, device="cuda", verbose=False, **kwargs)
     return results
@@ -185,9 +187,10 @@ def letterbox_calls(monkeypatch):
 @pytest.mark.parametrize("config", GPU_MODELS)
 @pytest.mark.parametrize("half", [False, True], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("kind", ["single", "mixed", "same", "paths"])
-def test_predict_same_as_without_the_predictor_patch(config, half, kind, letterbox_calls):
+def test_predict_same_as_without_the_predictor_patch(config, half, kind, letterbox_calls, monkeypatch):
     """The predictor patch alone (decode and NMS patched on both sides): GPU letterbox + graph replay give the eager
-    run's detections exactly (same input bits, same kernels)."""
+    run's detections exactly (same input bits, same kernels: NCHW weights on both sides)."""
+    monkeypatch.setenv(predictor_patch.CHANNELS_LAST_VARIABLE, "0")
     model = detecting_model("cuda", config)
     predictor_patch.revert()
     eager = predict(model, sources_for(kind), half=half, batch=8)
@@ -248,12 +251,38 @@ def test_graph_replay_equals_eager_forward():
 @pytest.mark.cuda
 def test_graphs_off_by_environment(monkeypatch, letterbox_calls):
     monkeypatch.setenv(predictor_patch.GRAPHS_VARIABLE, "0")
+    monkeypatch.setenv(predictor_patch.CHANNELS_LAST_VARIABLE, "0")  # the same kernels as the stock side
     model = detecting_model("cuda")
     ours = predict(model, sources_for("single"))
     assert len(default_cache()) == 0
     assert letterbox_calls  # the letterbox operator still runs
     predictor_patch.revert()
     assert_same_detections(ours, predict(model, sources_for("single")), box_atol=1e-3, conf_atol=1e-4)
+
+
+def memory_format_of(model) -> torch.memory_format:
+    """The layout of the predictor's first convolution's weights."""
+    weight = next(p for p in model.predictor.model.parameters() if p.ndim == 4)
+    return torch.channels_last if weight.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(("variable", "channels_last", "expected"), [
+    (None, None, torch.channels_last),  # left unset: ours makes them NHWC on CUDA
+    ("0", None, torch.contiguous_format),  # opted out: Ultralytics' choice, NCHW on CUDA
+    (None, False, torch.contiguous_format),  # the user's choice stands
+    (None, True, torch.channels_last),
+])
+def test_channels_last_weights_on_cuda(variable, channels_last, expected, monkeypatch):
+    if variable is not None:
+        monkeypatch.setenv(predictor_patch.CHANNELS_LAST_VARIABLE, variable)
+    model = detecting_model("cuda")
+    predict(model, sources_for("single"), runs=1, channels_last=channels_last)
+    assert memory_format_of(model) == expected
+    assert model.predictor.args.channels_last is channels_last  # the argument as the user left it
+    with yolo_fastdetect.disabled():
+        predict(model, sources_for("single"), runs=1, channels_last=channels_last)
+    assert memory_format_of(model) == (torch.channels_last if channels_last else torch.contiguous_format)
 
 
 @pytest.mark.cuda

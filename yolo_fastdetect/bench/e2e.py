@@ -15,12 +15,13 @@ The warm-up calls' wall time is reported too (seconds, both sides).
 ``--compile MODE [MODE ...]`` adds, per model and batch, a row per mode (``default``, ``reduce-overhead``,
 ``max-autotune-no-cudagraphs``, ...) with stock and ours each predicting through Ultralytics' ``compile=MODE``
 (``torch.compile`` of the ``AutoBackend`` model, inductor). Each side starts from a new predictor and an empty dynamo
-cache, so its warm-up includes all of its own compilation. Inductor's on-disk cache (``TORCHINDUCTOR_CACHE_DIR``)
-shortens a repeated run's warm-up: point it at an empty folder for the first run's numbers.
+cache, so its warm-up includes all of its own compilation (every row's sides start from a new predictor, as a user's
+first call: ours makes the weights NHWC on CUDA there, ``YOLO_FASTDETECT_CHANNELS_LAST=0`` keeps them NCHW).
+Inductor's on-disk cache (``TORCHINDUCTOR_CACHE_DIR``) shortens a repeated run's warm-up: point it at an empty folder
+for the first run's numbers.
 
 ``--channels-last`` adds a row per model and batch with Ultralytics' own ``channels_last=True`` (the ``AutoBackend``
-model's weights in NHWC; Ultralytics turns it on by itself only for x86 CPUs), stock and ours, each from a new
-predictor.
+model's weights in NHWC; Ultralytics turns it on by itself only for x86 CPUs), stock and ours.
 
 Options: ``--models``, ``--batches``, ``--iters``, ``--warmup``, ``--compile``, ``--channels-last``, ``--json PATH``
 (raw numbers, for
@@ -152,8 +153,8 @@ def bench_model(name: str, images: list[np.ndarray], batches: list[int], device:
             row = {"model": name, "batch": batch, "compile": compile_mode, "channels_last": bool(layout)}
             for side, switch in (("stock", yolo_fastdetect.disable), ("ours", yolo_fastdetect.enable)):
                 switch()
-                if compile_mode or layout:  # a new predictor (compiled afresh): nothing of the other side reused
-                    model.predictor = None
+                model.predictor = None  # a new one, as a user's first call makes (its setup_model picks the layout)
+                if compile_mode:  # compiled afresh: nothing of the other side reused
                     torch._dynamo.reset()
                 row[side] = time_predict(model, images, batch, device, warmup, iters, compile_mode, layout)
             row["speedup"] = row["stock"]["ms_per_image"] / row["ours"]["ms_per_image"]
