@@ -1,10 +1,5 @@
-"""Patch ``DetectionPredictor.setup_model``, ``.setup_source``, ``.preprocess`` and ``.inference``: channels-last
-weights on CUDA, parallel read-ahead decoding of file sources, letterbox on the GPU, forward pass from CUDA graphs.
-
-- ``setup_model`` (CUDA): where the user leaves ``channels_last`` unset, Ultralytics' own ``channels_last=True``
-  (NHWC weights; stock turns it on by itself only on x86 CPUs). Same detections; on the H200 ``bench e2e`` at batch
-  64 gave yolov8s 0.749 -> 0.674 and yolo12n 0.659 -> 0.621 ms/img (benchmarks/RESULTS.md).
-  ``YOLO_FASTDETECT_CHANNELS_LAST=0`` keeps Ultralytics' choice.
+"""Patch ``DetectionPredictor.setup_source``, ``.preprocess`` and ``.inference``: parallel read-ahead decoding of
+file sources, letterbox on the GPU, forward pass from CUDA graphs.
 
 - ``setup_source`` (every device): file sources (an image, video, folder, glob, ``.txt``/``.csv`` list, or a Python
   list of paths) are read by :mod:`yolo_fastdetect.sources`, which decodes ahead on a pool of threads exactly as
@@ -44,7 +39,6 @@ from yolo_fastdetect.ops.letterbox import letterbox
 from yolo_fastdetect.sources import file_loader, stop_shared_pool
 
 GRAPHS_VARIABLE = "YOLO_FASTDETECT_GRAPHS"
-CHANNELS_LAST_VARIABLE = "YOLO_FASTDETECT_CHANNELS_LAST"
 
 # Networks whose forward pass is plain tensor work on the input. Subclasses such as YOLO-World and YOLOE keep
 # prompt embeddings in attributes that set_classes replaces, which a replay would not see: they run eagerly.
@@ -95,23 +89,6 @@ def _gpu_letterbox(predictor: DetectionPredictor) -> bool:
     """Whether ``preprocess`` may letterbox on the GPU (the images decide the rest, see :func:`letterbox_options`)."""
     device = predictor.device
     return device is not None and device.type == "cuda" and _ext.has_cuda_kernels()
-
-
-def setup_model(self: DetectionPredictor, model, verbose: bool = True) -> None:
-    """``BasePredictor.setup_model``, then channels-last (NHWC) weights, as Ultralytics' own ``channels_last=True``
-    makes them, for a PyTorch network on CUDA where the user left ``channels_last`` unset. ``compile=`` compiles at
-    the first call, after this."""
-    _stock(self, "setup_model")(model, verbose)
-    backend = getattr(self.model, "_orig_mod", self.model)  # compile= wraps the AutoBackend
-    if (
-        self.args.channels_last is None
-        and os.environ.get(CHANNELS_LAST_VARIABLE, "1") != "0"
-        and isinstance(backend, AutoBackend)
-        and backend.format == "pt"
-        and backend.device.type == "cuda"
-        and type(backend.model) in _GRAPHED_NETWORKS
-    ):
-        backend.model.to(memory_format=torch.channels_last)
 
 
 def setup_source(self: DetectionPredictor, source, stride: int | None = None) -> None:
@@ -179,8 +156,7 @@ def inference(self: DetectionPredictor, im: torch.Tensor, *args, **kwargs):
     return default_cache()(lambda x: model(x, augment=augment, embed=embed), im, owner=model.model, variant=variant)
 
 
-_METHODS = {"setup_model": setup_model, "setup_source": setup_source, "preprocess": preprocess,
-            "inference": inference}
+_METHODS = {"setup_source": setup_source, "preprocess": preprocess, "inference": inference}
 
 
 def apply() -> None:
@@ -192,7 +168,7 @@ def apply() -> None:
 
 
 def revert() -> None:
-    """Restore ``DetectionPredictor``'s ``__dict__`` (in 8.4 it inherits all four methods), drop the graphs and
+    """Restore ``DetectionPredictor``'s ``__dict__`` (in 8.4 it inherits all three methods), drop the graphs and
     stop the decoder processes, if any (idempotent)."""
     if is_applied():
         for name in _METHODS:
@@ -206,5 +182,5 @@ def revert() -> None:
 
 
 def is_applied() -> bool:
-    """Whether the four methods are the patched ones."""
+    """Whether the three methods are the patched ones."""
     return all(DetectionPredictor.__dict__.get(name) is method for name, method in _METHODS.items())

@@ -109,10 +109,10 @@ def test_compiles_fewer_times_than_stock():
 
 # CUDA ------------------------------------------------------------------------------------------------------------
 
-# Every setting on the Detect model (NHWC weights, ours by default on CUDA, except "nchw": graphs on NCHW weights);
+# Every setting on the Detect model ("channels_last": graphs of NHWC weights, Ultralytics' channels_last=True);
 # Segment and Pose (the same patched decode) with compile's default mode only, to bound the GPU run
 # (max-autotune-no-cudagraphs alone autotunes for minutes).
-SETTINGS = ["eager", "graphs", "nchw", True, "reduce-overhead", "max-autotune-no-cudagraphs"]
+SETTINGS = ["eager", "graphs", "channels_last", True, "reduce-overhead", "max-autotune-no-cudagraphs"]
 CASES = [("yolo11n.yaml", setting) for setting in SETTINGS] + [("yolo11n-seg.yaml", True), ("yolo11n-pose.yaml", True)]
 
 
@@ -129,10 +129,10 @@ def test_predict_fp16_same_as_stock_eager(config, setting, monkeypatch):
     torch._dynamo.reset()
     default_cache().clear()
     monkeypatch.setenv("YOLO_FASTDETECT_GRAPHS", "0" if setting == "eager" else "1")
-    monkeypatch.setenv("YOLO_FASTDETECT_CHANNELS_LAST", "0" if setting == "nchw" else "1")
-    compile_mode = setting if setting not in ("eager", "graphs", "nchw") else False
+    compile_mode = setting if setting not in ("eager", "graphs", "channels_last") else False
     for kind, expected in stock.items():
-        ours = predict(model, sources_for(kind), half=True, batch=8, compile=compile_mode)
+        ours = predict(model, sources_for(kind), half=True, batch=8, compile=compile_mode,
+                       channels_last=setting == "channels_last" or None)
         assert_same_detections(ours, expected, box_atol=2.0, conf_atol=2e-3)
     if compile_mode:  # attempt_compile falls back to the plain model silently (no Triton, say)
         assert isinstance(model.predictor.model, torch._dynamo.eval_frame.OptimizedModule)

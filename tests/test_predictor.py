@@ -50,7 +50,7 @@ def class_dicts() -> dict[type, dict]:
 def test_apply_and_revert_restore_the_class_dicts_exactly():
     yolo_fastdetect.disable()
     stock = class_dicts()
-    methods = {"setup_model", "setup_source", "preprocess", "inference"}
+    methods = {"setup_source", "preprocess", "inference"}
     assert not methods & DetectionPredictor.__dict__.keys()
     yolo_fastdetect.enable()
     patched = class_dicts()
@@ -148,8 +148,8 @@ GPU_MODELS = ["yolo11n.yaml", "yolov8n.yaml", "yolo12n.yaml"]
 
 def predict(model, sources, runs: int = 3, new_predictor: bool = True, **kwargs) -> list:
     """The results of the last of ``runs`` identical predictions, on a new predictor (``new_predictor``) as a user's
-    first call makes (its ``setup_model``, patched or stock, picks the weights' layout): by the third a shape's graph
-    is replayed."""
+    first call makes, so that nothing of the other side's predictor is reused: by the third a shape's graph is
+    replayed."""
     if new_predictor:
         model.predictor = None
     for _ in range(runs):
@@ -189,10 +189,9 @@ def letterbox_calls(monkeypatch):
 @pytest.mark.parametrize("config", GPU_MODELS)
 @pytest.mark.parametrize("half", [False, True], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("kind", ["single", "mixed", "same", "paths"])
-def test_predict_same_as_without_the_predictor_patch(config, half, kind, letterbox_calls, monkeypatch):
+def test_predict_same_as_without_the_predictor_patch(config, half, kind, letterbox_calls):
     """The predictor patch alone (decode and NMS patched on both sides): GPU letterbox + graph replay give the eager
-    run's detections exactly (same input bits, same kernels: NCHW weights on both sides)."""
-    monkeypatch.setenv(predictor_patch.CHANNELS_LAST_VARIABLE, "0")
+    run's detections exactly (same input bits, same kernels)."""
     model = detecting_model("cuda", config)
     predictor_patch.revert()
     eager = predict(model, sources_for(kind), half=half, batch=8)
@@ -253,38 +252,12 @@ def test_graph_replay_equals_eager_forward():
 @pytest.mark.cuda
 def test_graphs_off_by_environment(monkeypatch, letterbox_calls):
     monkeypatch.setenv(predictor_patch.GRAPHS_VARIABLE, "0")
-    monkeypatch.setenv(predictor_patch.CHANNELS_LAST_VARIABLE, "0")  # the same kernels as the stock side
     model = detecting_model("cuda")
     ours = predict(model, sources_for("single"))
     assert len(default_cache()) == 0
     assert letterbox_calls  # the letterbox operator still runs
     predictor_patch.revert()
     assert_same_detections(ours, predict(model, sources_for("single")), box_atol=1e-3, conf_atol=1e-4)
-
-
-def memory_format_of(model) -> torch.memory_format:
-    """The layout of the predictor's first convolution's weights."""
-    weight = next(p for p in model.predictor.model.model.parameters() if p.ndim == 4)  # AutoBackend's network
-    return torch.channels_last if weight.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize(("variable", "channels_last", "expected"), [
-    (None, None, torch.channels_last),  # left unset: ours makes them NHWC on CUDA
-    ("0", None, torch.contiguous_format),  # opted out: Ultralytics' choice, NCHW on CUDA
-    (None, False, torch.contiguous_format),  # the user's choice stands
-    (None, True, torch.channels_last),
-])
-def test_channels_last_weights_on_cuda(variable, channels_last, expected, monkeypatch):
-    if variable is not None:
-        monkeypatch.setenv(predictor_patch.CHANNELS_LAST_VARIABLE, variable)
-    model = detecting_model("cuda")
-    predict(model, sources_for("single"), runs=1, channels_last=channels_last)
-    assert memory_format_of(model) == expected
-    assert model.predictor.args.channels_last is channels_last  # the argument as the user left it
-    with yolo_fastdetect.disabled():
-        predict(model, sources_for("single"), runs=1, channels_last=channels_last)
-    assert memory_format_of(model) == (torch.channels_last if channels_last else torch.contiguous_format)
 
 
 @pytest.mark.cuda
