@@ -36,7 +36,7 @@ from ultralytics.nn.tasks import DetectionModel, OBBModel, PoseModel, Segmentati
 from yolo_fastdetect import _ext
 from yolo_fastdetect.graphs import default_cache
 from yolo_fastdetect.ops.letterbox import letterbox
-from yolo_fastdetect.sources import file_loader, stop_shared_pool
+from yolo_fastdetect.sources import file_loader
 
 GRAPHS_VARIABLE = "YOLO_FASTDETECT_GRAPHS"
 
@@ -168,8 +168,8 @@ def apply() -> None:
 
 
 def revert() -> None:
-    """Restore ``DetectionPredictor``'s ``__dict__`` (in 8.4 it inherits all three methods), drop the graphs and
-    stop the decoder processes, if any (idempotent)."""
+    """Restore ``DetectionPredictor``'s ``__dict__`` (in 8.4 it inherits all three methods) and drop the graphs
+    (idempotent)."""
     if is_applied():
         for name in _METHODS:
             original = _ORIGINALS.pop(name)
@@ -178,7 +178,6 @@ def revert() -> None:
             else:
                 setattr(DetectionPredictor, name, original)
         default_cache().clear()
-        stop_shared_pool()
 
 
 def is_applied() -> bool:

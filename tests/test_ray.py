@@ -100,12 +100,10 @@ def assert_rows_match(rows: dict[str, dict], expected: dict[str, tuple], folder:
         assert row["error"] == f"image read error: {folder / name}" and row["conf"] == [] and row["width"] is None
 
 
-@pytest.mark.parametrize("processes", [0, 2], ids=["threads", "processes"])
-def test_predictor_rows_match_predict(model, folder, expected, processes):
-    """The map_batches class on its own, in this process: a mixed batch of paths, of bytes, and a missing file; its
-    rows decoded on threads, or (paths) in decoder processes."""
+def test_predictor_rows_match_predict(model, folder, expected):
+    """The map_batches class on its own, in this process: a mixed batch of paths, of bytes, and a missing file."""
     paths = sorted(str(p) for p in folder.iterdir()) + [str(folder / "missing.jpg")]
-    predictor = Predictor(model, imgsz=IMGSZ, decode_threads=2, decode_processes=processes)
+    predictor = Predictor(model, imgsz=IMGSZ, decode_threads=2)
     by_path = predictor({"path": np.array(paths, dtype=object)})
     contents = np.array([Path(p).read_bytes() for p in paths[:-1]] + [b""], dtype=object)
     by_bytes = predictor({"path": np.array(paths, dtype=object), "bytes": contents})
@@ -231,8 +229,6 @@ def test_bad_arguments_are_named(model, folder, tmp_path):
     """Each is refused before a cluster starts (none is needed here), with the argument's name."""
     with pytest.raises(ValueError, match="batch_size must be a positive integer"):
         predict_dataset(model, str(folder), tmp_path, batch_size=0)
-    with pytest.raises(ValueError, match="decode_processes must be a non-negative integer"):
-        predict_dataset(model, str(folder), tmp_path, decode_processes=-1)
     with pytest.raises(ValueError, match="output_format must be one of parquet, json"):
         predict_dataset(model, str(folder), tmp_path, output_format="csv")
     with pytest.raises(SyntaxError, match="'imgsize' is not a valid YOLO argument"):

@@ -1,6 +1,6 @@
-"""The source loaders' threads, decoder processes and files: bounded, ordered read-ahead; nothing left running or
-open when the consumer stops early (break, an exception, Ctrl-C, ``disable()`` mid-stream); a decoder's error
-surfaces in the caller instead of hanging."""
+"""The source loaders' threads and files: bounded, ordered read-ahead; nothing left running or open when the
+consumer stops early (break, an exception, Ctrl-C, ``disable()`` mid-stream); a decoder's error surfaces in the
+caller instead of hanging."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from ultralytics.data import loaders
 import yolo_fastdetect
 from conftest import detecting_model
 from sources_corpus import write_images, write_video
-from yolo_fastdetect import sources
 from yolo_fastdetect.sources import FileLoader, OrderedPrefetch, PathListLoader
 from yolo_fastdetect.sources import path_list as path_list_module
 from yolo_fastdetect.sources import video as video_module
@@ -44,36 +43,11 @@ def model():
 
 @pytest.fixture(autouse=True)
 def nothing_left_running(folder):
-    """Every test must leave no decoder thread and no open file of the sources behind, and no decoder process once
-    the package is disabled."""
+    """Every test must leave no decoder thread and no open file of the sources behind."""
     yield
     yolo_fastdetect.enable()
     assert loader_threads() == []
     assert open_files_under(folder) == []
-    yolo_fastdetect.disable()  # the decoder processes stay for the next loader until then
-    yolo_fastdetect.enable()
-    assert decoder_processes() == []
-
-
-@pytest.fixture(params=["threads", "processes"])
-def decoders(request, monkeypatch) -> str:
-    """Each test that takes it runs with decoder threads, then with decoder processes."""
-    monkeypatch.setenv(sources.PROCESSES_VARIABLE, "2" if request.param == "processes" else "0")
-    return request.param
-
-
-def decoder_processes() -> list[int]:
-    """This process's children that run the decoder worker (``/proc``; none where it is missing)."""
-    children = []
-    for pid in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else []):
-        try:
-            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            command = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except (OSError, IndexError, ValueError):  # exited meanwhile
-            continue
-        if parent == os.getpid() and b"_decoder_worker.py" in command:
-            children.append(int(pid))
-    return children
 
 
 def loader_threads() -> list[str]:
@@ -147,7 +121,7 @@ def test_read_ahead_is_bounded(folder, monkeypatch, loader):
     source.close()
 
 
-def test_break_and_consumer_errors_stop_the_threads(model, folder, decoders):
+def test_break_and_consumer_errors_stop_the_threads(model, folder):
     for _ in model.predict(str(folder), stream=True, batch=2, imgsz=IMGSZ, verbose=False):
         break
     assert loader_threads() == [] and open_files_under(folder) == []
@@ -165,11 +139,10 @@ def test_break_and_consumer_errors_stop_the_threads(model, folder, decoders):
     assert loader_threads() == []
 
 
-def test_an_abandoned_stream_stops_its_threads(model, folder, decoders):
+def test_an_abandoned_stream_stops_its_threads(model, folder):
     results = model.predict(str(folder), stream=True, batch=2, imgsz=IMGSZ, verbose=False)
     next(results)
     assert loader_threads()  # decoding ahead
-    assert bool(decoder_processes()) == (decoders == "processes")
     del results  # garbage-collected: the generator closes, its finally closes the loader
     assert loader_threads() == []
 

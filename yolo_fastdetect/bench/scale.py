@@ -10,8 +10,7 @@ predicts the folder at ``--batch`` with the same model and arguments (fp16 on CU
   start-up and model load included), and its steady rate, which leaves out the fixed cost: (N - batch) images over
   the time a full run takes more than a run of one batch (medians of ``--repeats``);
 - the steady rate as a share of ``model.predict``'s (the target: at least 90 % on one GPU, batch 64), and whether
-  both wrote the same detections (same paths, box counts per image, largest box distance);
-- ``--decode-processes N``: the actors decode in N processes each instead of threads (opt-in).
+  both wrote the same detections (same paths, box counts per image, largest box distance).
 """
 
 from __future__ import annotations
@@ -75,8 +74,7 @@ def run(args) -> dict:
 
     cuda = args.device == "cuda"
     options = {"device": args.device, "verbose": False, "imgsz": args.imgsz, "quantize": 16 if cuda else None}
-    ray_options = {"imgsz": args.imgsz, "quantize": options["quantize"],  # predict_dataset picks the devices
-                   "decode_processes": args.decode_processes}
+    ray_options = {"imgsz": args.imgsz, "quantize": options["quantize"]}  # predict_dataset picks the devices
     gpus = args.gpus if cuda else 0
     model = detecting_model(args.model)
     with tempfile.TemporaryDirectory(prefix="yfd_bench_scale_") as scratch:
@@ -112,8 +110,7 @@ def markdown(result: dict, args) -> str:
     where = f"{result['gpus']} GPU actor(s)" if result["gpus"] else "1 CPU actor"
     return "\n".join([
         f"{environment_line()} | {os.cpu_count()} CPUs | model {args.model}, imgsz {args.imgsz}, batch {args.batch} | "
-        f"{args.images} JPEGs ({', '.join(args.sizes)}) | {where}"
-        + (f", {args.decode_processes} decoder processes each" if args.decode_processes else ""),
+        f"{args.images} JPEGs ({', '.join(args.sizes)}) | {where}",
         "",
         "| model.predict img/s | predict_dataset img/s (wall) | predict_dataset img/s (steady) | steady / predict | "
         "fixed cost (s) | same paths, counts | max box diff (px) |",
@@ -134,8 +131,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gpus", type=int, default=1, help="GPU actors (CUDA only)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
-    parser.add_argument("--decode-processes", type=int, default=0, metavar="N",
-                        help="predict_dataset's actors decode in N processes each (opt-in; default threads)")
     parser.add_argument("--keep", type=Path, help="write the data here and keep it")
     parser.add_argument("--json", type=Path, help="also write the raw numbers here")
     args = parser.parse_args(argv)

@@ -10,9 +10,8 @@ and a 1080p mp4 clip of ``--frames`` frames. Then, in one process on one model (
   per second; the ceiling of a pipelined loader, min(decode-only rate on all decoder threads, ours on the same
   images already in memory at that batch size), and ours as a share of it; whether both detect the same (same
   paths in order, same box counts, largest distance from one of our boxes to stock's nearest of its class);
-- ``--sources`` picks the cases (``list``, ``folder``, ``video``); the opt-in settings are also timed beside ours:
-  ``--gpu-jpeg``, ``YOLO_FASTDETECT_GPU_JPEG=1`` on the folder (nvJPEG: not stock's pixels, so its detections are
-  compared too), and ``--decode-processes N``, ``YOLO_FASTDETECT_DECODE_PROCESSES=N`` on the folder and the list;
+- ``--sources`` picks the cases (``list``, ``folder``, ``video``); ``--gpu-jpeg`` also times ours on the folder with
+  ``YOLO_FASTDETECT_GPU_JPEG=1`` (nvJPEG, opt-in: not stock's pixels, so its detections are compared too);
 - peak host memory of loading a list of ``--memory-paths`` paths (640x480 files, repeated): stock's loader (which
   decodes the whole list first) against ours, each in a fresh process.
 """
@@ -140,19 +139,9 @@ def make_data(root: Path, args) -> dict[str, list[Path]]:
     return data
 
 
-def opt_in_settings(args) -> dict[str, tuple[str, tuple[str, ...]]]:
-    """The opt-in settings to time beside ours: label -> (``VARIABLE=value``, the sources it applies to)."""
-    from yolo_fastdetect.sources import GPU_JPEG_VARIABLE, PROCESSES_VARIABLE
-
-    settings = {"gpu_jpeg": (f"{GPU_JPEG_VARIABLE}=1", ("folder",))} if args.gpu_jpeg else {}
-    if args.decode_processes:
-        settings["decode_processes"] = (f"{PROCESSES_VARIABLE}={args.decode_processes}", ("folder", "list"))
-    return settings
-
-
 def run(args) -> list[dict]:
     import yolo_fastdetect
-    from yolo_fastdetect.sources import decode_threads
+    from yolo_fastdetect.sources import GPU_JPEG_VARIABLE, decode_threads
 
     threads = decode_threads()
     cuda = args.device == "cuda"
@@ -172,17 +161,13 @@ def run(args) -> list[dict]:
             for side, switch in (("stock", yolo_fastdetect.disable), ("ours", yolo_fastdetect.enable)):
                 switch()
                 row[side], row[f"{side}_records"] = timed_rate(model, source, batch, options, args.repeats)
-            for label, (setting, kinds) in opt_in_settings(args).items():
-                if kind not in kinds:
-                    continue
-                variable, value = setting.split("=")
-                os.environ[variable] = value
+            if args.gpu_jpeg and kind == "folder":
+                os.environ[GPU_JPEG_VARIABLE] = "1"
                 try:
-                    row[label], records = timed_rate(model, source, batch, options, args.repeats)
+                    row["gpu_jpeg"], records = timed_rate(model, source, batch, options, args.repeats)
                 finally:
-                    del os.environ[variable]
-                row[f"{label}_setting"] = setting
-                row[f"{label}_detections"] = same_detections(records, row["stock_records"])
+                    del os.environ[GPU_JPEG_VARIABLE]
+                row["gpu_jpeg_detections"] = same_detections(records, row["stock_records"])
             row["detections"] = same_detections(row.pop("ours_records"), row.pop("stock_records"))
             row["decode_only"] = decode_rate(source)
             row["in_memory"] = in_memory_rate(model, decoded(kind.split()[0], paths), batch, options, args.repeats)
@@ -212,12 +197,12 @@ def markdown(rows: list[dict], memory: dict, threads: int, args) -> str:
             f"{row['ours'] / row['stock']:.2f}x | {row['decode_only']:.0f} | {row['in_memory']:.0f} | "
             f"{row['ours'] / row['ceiling']:.0%} | {same} | {detections['max_box_diff_px']:.2g} |"
         )
-    for row, label in ((row, label) for row in rows for label in opt_in_settings(args) if label in row):
-        detections = row[f"{label}_detections"]
+    for row in (row for row in rows if "gpu_jpeg" in row):
+        detections = row["gpu_jpeg_detections"]
         lines.append(
-            f"\n{row['source']} batch {row['batch']} with {row[f'{label}_setting']}: {row[label]:.0f} img/s "
-            f"({row[label] / row['stock']:.2f}x stock, ours {row['ours']:.0f}); boxes {detections['ours']} vs stock's "
-            f"{detections['stock']}, same counts per image: {detections['same_counts']}, max box diff "
+            f"\nfolder batch {row['batch']} with YOLO_FASTDETECT_GPU_JPEG=1: {row['gpu_jpeg']:.0f} img/s "
+            f"({row['gpu_jpeg'] / row['stock']:.2f}x stock, ours {row['ours']:.0f}); boxes {detections['ours']} "
+            f"vs stock's {detections['stock']}, same counts per image: {detections['same_counts']}, max box diff "
             f"{detections['max_box_diff_px']:.3g} px (untied {detections['max_box_diff_px_untied']:.3g})"
         )
     if memory:
@@ -238,8 +223,6 @@ def main(argv: list[str] | None = None) -> None:
     kinds = ["list", "folder", "video"]
     parser.add_argument("--sources", nargs="+", default=kinds, choices=kinds, help="which cases to run")
     parser.add_argument("--gpu-jpeg", action="store_true", help="also time the folder with nvJPEG decoding (opt-in)")
-    parser.add_argument("--decode-processes", type=int, default=0, metavar="N",
-                        help="also time the folder and the list with N decoder processes (opt-in)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--memory-paths", type=int, default=2000, help="0 skips the memory measurement")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])

@@ -18,13 +18,12 @@ usage: yolo-fastdetect predict-many model=MODEL source=SOURCE output=FOLDER [key
     cpu_actors=1      actors when no GPU is used
     format=parquet    or json (JSON lines)
     decode_threads=N  decoder threads per actor (default: the node's cores, less one)
-    decode_processes=N  decoder processes per actor instead of threads (opt-in; default 0)
   any other key is an argument of model.predict: imgsz=640 conf=0.25 iou=0.7 quantize=16 max_det=300 ...
   e.g. yolo-fastdetect predict-many model=yolo11n.pt source=images/ output=detections/ quantize=16"""
 
 REQUIRED = ("model", "source", "output")
 OWN_KEYS = {"batch": "batch_size", "num_gpus": "num_gpus", "cpu_actors": "cpu_actors", "format": "output_format",
-            "decode_threads": "decode_threads", "decode_processes": "decode_processes"}
+            "decode_threads": "decode_threads"}
 
 
 def parse(argv: list[str]) -> dict:

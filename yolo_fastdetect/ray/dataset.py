@@ -131,7 +131,7 @@ def _check_positive(name: str, value) -> None:
 
 def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, num_gpus: int | None = None,
                     cpu_actors: int = 1, output_format: str = "parquet", decode_threads: int | None = None,
-                    decode_processes: int | None = None, **predict_args) -> Summary:
+                    **predict_args) -> Summary:
     """Predict every image of ``source`` on a Ray cluster and write one row per image to ``output``.
 
     Connects to the running cluster (``RAY_ADDRESS``, or a ``ray.init`` already made) or starts a local one.
@@ -148,8 +148,6 @@ def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, 
         cpu_actors (int): Actors when no GPU is used.
         output_format (str): ``"parquet"`` or ``"json"`` (JSON lines).
         decode_threads (int, optional): Decoder threads per actor (default: the node's cores, less one).
-        decode_processes (int, optional): Decoder processes per actor instead of threads (opt-in; default
-            ``YOLO_FASTDETECT_DECODE_PROCESSES`` on the actor's node, else 0: threads).
         **predict_args: Arguments of ``model.predict`` (``imgsz``, ``conf``, ``iou``, ``quantize``, ...).
 
     Returns:
@@ -166,9 +164,8 @@ def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, 
 
     _check_positive("batch_size", batch_size)
     _check_positive("cpu_actors", cpu_actors)
-    for name, value in (("num_gpus", num_gpus), ("decode_processes", decode_processes)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise ValueError(f"predict_dataset: {name} must be a non-negative integer or None, got {value!r}")
+    if num_gpus is not None and (isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 0):
+        raise ValueError(f"predict_dataset: num_gpus must be a non-negative integer or None, got {num_gpus!r}")
     if output_format not in FORMATS:
         raise ValueError(f"predict_dataset: output_format must be one of {', '.join(FORMATS)}, got {output_format!r}")
     get_cfg(overrides=predict_args)  # Ultralytics' own error for an argument it does not know, before any work
@@ -204,8 +201,7 @@ def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, 
         Predictor,
         fn_constructor_args=(model,),
         # CPU actors on a machine with GPUs must not take one that Ray did not give them.
-        fn_constructor_kwargs={"decode_threads": decode_threads, "decode_processes": decode_processes,
-                               "device": None if gpus else "cpu", **predict_args},
+        fn_constructor_kwargs={"decode_threads": decode_threads, "device": None if gpus else "cpu", **predict_args},
         batch_size=batch_size,
         batch_format="numpy",
         num_cpus=1,

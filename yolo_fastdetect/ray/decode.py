@@ -19,7 +19,6 @@ import numpy as np
 # files._decode is the folder source's decode: Ultralytics' imread, PIL plugins kept serial (no upload-ahead here:
 # the actor hands model.predict decoded arrays).
 from ..sources import OrderedPrefetch, files
-from ..sources.decoder_processes import start_decoders
 
 
 def decode_bytes(data: bytes, path: str, flags: int = cv2.IMREAD_COLOR) -> np.ndarray | None:
@@ -52,14 +51,8 @@ def _decode_row(row: tuple[str, bytes | None], flags: int) -> np.ndarray | str:
     return f"image read error: {path}"  # stock's words for a file that does not decode
 
 
-def _row_file(row: tuple[str, bytes | None]) -> str | None:
-    """The file a decoder process may decode for a row: its path, when the row carries no bytes."""
-    path, data = row
-    return files.worker_file(path) if data is None else None
-
-
 def decode_rows(paths: Sequence[str], contents: Sequence[bytes | None] | None, channels: int = 3,
-                threads: int = 1, processes: int = 0) -> list[np.ndarray | str]:
+                threads: int = 1) -> list[np.ndarray | str]:
     """Each row's BGR (or, for ``channels=1``, gray) image, or an error message, in the rows' order.
 
     Args:
@@ -67,16 +60,12 @@ def decode_rows(paths: Sequence[str], contents: Sequence[bytes | None] | None, c
         contents: The rows' file bytes, or None to read each file from its path.
         channels: Image channels of the model (1 grayscale, 3 BGR).
         threads: Decoder threads.
-        processes: Decoder processes (opt-in, :mod:`yolo_fastdetect.sources.decoder_processes`) for the rows given
-            by path, instead of threads; 0: threads. Rows with bytes, and what a worker declines, take the threads.
 
     Examples:
         >>> decode_rows(["bus.jpg", "missing.jpg"], None, threads=2)[1]
         'file not found: missing.jpg'
     """
-    rows = list(zip(paths, contents if contents is not None else [None] * len(paths)))
     flags = cv2.IMREAD_GRAYSCALE if channels == 1 else cv2.IMREAD_COLOR
-    decode = partial(_decode_row, flags=flags)
-    executor = start_decoders(processes, decode, _row_file, flags, threads=threads)
-    with OrderedPrefetch(decode, rows, threads, window=len(rows), executor=executor) as decoded:
+    rows = list(zip(paths, contents if contents is not None else [None] * len(paths)))
+    with OrderedPrefetch(partial(_decode_row, flags=flags), rows, threads, window=len(rows)) as decoded:
         return list(decoded)

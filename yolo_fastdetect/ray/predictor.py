@@ -54,9 +54,6 @@ class Predictor:
             with ``num_gpus=1`` its own as ``cuda:0``), else ``cpu``.
         decode_threads (int, optional): Decoder threads; default
             :func:`yolo_fastdetect.sources.decode_threads`.
-        decode_processes (int, optional): Decoder processes instead of threads for rows given by path (opt-in, see
-            :mod:`yolo_fastdetect.sources.decoder_processes`); default
-            :func:`yolo_fastdetect.sources.decode_processes` (0: threads).
         **predict_args: Arguments of ``model.predict`` (``imgsz``, ``conf``, ``iou``, ``quantize``, ``max_det``,
             ``classes``, ...).
 
@@ -71,14 +68,12 @@ class Predictor:
         >>> detections.write_parquet("detections/")
     """
 
-    def __init__(self, model, device: str | None = None, decode_threads: int | None = None,
-                 decode_processes: int | None = None, **predict_args):
+    def __init__(self, model, device: str | None = None, decode_threads: int | None = None, **predict_args):
         import torch
         from ultralytics import YOLO
 
         import yolo_fastdetect  # noqa: F401 - importing it patches Ultralytics in this actor's process
 
-        from ..sources import decode_processes as default_processes
         from ..sources import decode_threads as default_threads
 
         self.model = YOLO(shippable(model))
@@ -87,7 +82,6 @@ class Predictor:
         self.schema = records.schema(task, keypoint_dims)
         self.channels = self.model.model.yaml.get("channels", 3)
         self.threads = decode_threads or default_threads()
-        self.processes = default_processes() if decode_processes is None else decode_processes
         device = device or ("cuda:0" if torch.cuda.is_available() else "cpu")
         self.predict_args = {"verbose": False, **predict_args, "device": device}
         self._model_lock = threading.Lock()
@@ -95,7 +89,7 @@ class Predictor:
     def __call__(self, batch: dict[str, np.ndarray]) -> pa.Table:
         """The detections of ``batch`` (columns ``path``, optionally ``bytes``), one row per input row."""
         paths = [str(path) for path in batch["path"]]
-        decoded = decode_rows(paths, batch.get("bytes"), self.channels, self.threads, self.processes)
+        decoded = decode_rows(paths, batch.get("bytes"), self.channels, self.threads)
         by_size = defaultdict(list)  # image shape -> row indices
         for index, image in enumerate(decoded):
             if not isinstance(image, str):

@@ -10,10 +10,6 @@ Settings (environment variables, read when a loader is made):
 
 - ``YOLO_FASTDETECT_SOURCES=0``: Ultralytics' own loaders;
 - ``YOLO_FASTDETECT_DECODE_THREADS``: decoder threads (default: the CPU cores this process may use, less one);
-- ``YOLO_FASTDETECT_DECODE_PROCESSES=N`` (opt-in, not yet measured faster on the GPU host): the images of file
-  sources (a Python list's: those of the OpenCV route) decode in N worker processes instead of threads, outside
-  this process's GIL, to the same bytes (:mod:`.decoder_processes`; the workers stay for the next loader, until
-  ``disable()``); default 0, threads;
 - ``YOLO_FASTDETECT_READ_AHEAD``: batches decoded ahead of the predictor (default 2);
 - ``YOLO_FASTDETECT_LIST_OPENCV=0``: every file of a list decodes through Pillow, as stock (by default OpenCV decodes
   the JPEGs it decodes to the same bytes, see :mod:`.path_list`);
@@ -30,19 +26,17 @@ from pathlib import Path
 
 import torch
 
-from .decoder_processes import DecoderProcesses, stop_shared_pool
 from .files import FileLoader
 from .path_list import PathListLoader
 from .prefetch import OrderedPrefetch
 from .upload import Uploads
 from .video import VideoReader
 
-__all__ = ["DecoderProcesses", "FileLoader", "OrderedPrefetch", "PathListLoader", "Uploads", "VideoReader",
-           "decode_processes", "decode_threads", "file_loader", "read_ahead", "stop_shared_pool"]
+__all__ = ["FileLoader", "OrderedPrefetch", "PathListLoader", "Uploads", "VideoReader", "decode_threads", "file_loader",
+           "read_ahead"]
 
 SOURCES_VARIABLE = "YOLO_FASTDETECT_SOURCES"
 THREADS_VARIABLE = "YOLO_FASTDETECT_DECODE_THREADS"
-PROCESSES_VARIABLE = "YOLO_FASTDETECT_DECODE_PROCESSES"
 READ_AHEAD_VARIABLE = "YOLO_FASTDETECT_READ_AHEAD"
 LIST_OPENCV_VARIABLE = "YOLO_FASTDETECT_LIST_OPENCV"
 UPLOAD_AHEAD_VARIABLE = "YOLO_FASTDETECT_UPLOAD_AHEAD"
@@ -57,17 +51,16 @@ UPLOAD_AHEAD_MAX_BATCH = 1
 _STREAM_PREFIXES = ("rtsp://", "rtmp://", "tcp://", "http://", "https://")
 
 
-def _positive_int(variable: str, default: int, minimum: int = 1) -> int:
+def _positive_int(variable: str, default: int) -> int:
     value = os.environ.get(variable)
     if value is None or value == "":
         return default
     try:
         number = int(value)
     except ValueError:
-        number = minimum - 1
-    if number < minimum:
-        kind = "positive" if minimum == 1 else "non-negative"
-        raise ValueError(f"yolo_fastdetect: {variable} must be a {kind} integer, got {value!r}")
+        number = 0
+    if number < 1:
+        raise ValueError(f"yolo_fastdetect: {variable} must be a positive integer, got {value!r}")
     return number
 
 
@@ -76,11 +69,6 @@ def decode_threads() -> int:
     predictor's thread), at least one."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return _positive_int(THREADS_VARIABLE, max(1, cores - 1))
-
-
-def decode_processes() -> int:
-    """Decoder processes for file sources: ``YOLO_FASTDETECT_DECODE_PROCESSES``, default 0 (threads)."""
-    return _positive_int(PROCESSES_VARIABLE, 0, minimum=0)
 
 
 def read_ahead() -> int:
@@ -119,11 +107,10 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3,
                "upload_to": device if upload else None}
     if _is_local_path(source):
         gpu_jpeg = device if os.environ.get(GPU_JPEG_VARIABLE, "0") == "1" else None
-        return FileLoader(source, vid_stride=vid_stride, gpu_jpeg=gpu_jpeg, processes=decode_processes(), **options)
+        return FileLoader(source, vid_stride=vid_stride, gpu_jpeg=gpu_jpeg, **options)
     if isinstance(source, (list, tuple)) and source and all(
         isinstance(item, Path) or (isinstance(item, str) and not item.lower().startswith(("http://", "https://")))
         for item in source
     ):
-        return PathListLoader(source, opencv_jpeg=os.environ.get(LIST_OPENCV_VARIABLE, "1") != "0",
-                              processes=decode_processes(), **options)
+        return PathListLoader(source, opencv_jpeg=os.environ.get(LIST_OPENCV_VARIABLE, "1") != "0", **options)
     return None

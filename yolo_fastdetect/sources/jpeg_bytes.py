@@ -1,5 +1,5 @@
-"""What the loaders check in a JPEG's bytes before a decoder other than stock's may take it. numpy only: the decoder
-processes' worker script imports it too (as a top-level module, from this folder)."""
+"""What the loaders check in a JPEG's bytes before a decoder other than stock's may take it (the list's OpenCV route,
+nvJPEG)."""
 
 from __future__ import annotations
 

@@ -37,14 +37,11 @@ import torch
 from PIL import ExifTags, Image
 from ultralytics.data.loaders import LoadPilAndNumpy, SourceTypes, autocast_list
 
-from .decoder_processes import start_decoders
 from .jpeg_bytes import ends_in_eoi
 from .prefetch import OrderedPrefetch
 from .upload import Uploads, loader_uploads
 
 _TRANSPOSING_ORIENTATIONS = (5, 6, 7, 8)  # EXIF orientations that exif_transpose turns by 90 degrees
-# Pillow found no EXIF rotation; IGNORE_ORIENTATION keeps OpenCV from finding one that Pillow did not parse.
-_OPENCV_FLAGS = cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION
 
 
 @dataclass(frozen=True)
@@ -71,7 +68,8 @@ def _opencv_jpeg(path: str | Path) -> np.ndarray | None:
     data = np.fromfile(os.fspath(path), np.uint8)
     if not ends_in_eoi(data):
         return None
-    return cv2.imdecode(data, _OPENCV_FLAGS)
+    # Pillow found no EXIF rotation; IGNORE_ORIENTATION keeps OpenCV from finding one that Pillow did not parse.
+    return cv2.imdecode(data, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
 
 
 def _decode(
@@ -89,17 +87,6 @@ def _decode(
     return name, image if uploads is None else uploads.put(image)
 
 
-def _worker_file(entry: tuple[int, str | Path, bool]) -> str | None:
-    """The file a decoder process may decode for an entry: one OpenCV decodes to stock's bytes (if it is whole)."""
-    _, path, opencv_decodes = entry
-    return os.fspath(path) if opencv_decodes else None
-
-
-def _named(uploads: Uploads | None, entry: tuple[int, str | Path, bool], image: np.ndarray) -> tuple[str, np.ndarray]:
-    """What :func:`_decode` returns for an entry OpenCV decoded: its path and image (uploaded ahead, with uploads)."""
-    return os.fspath(entry[1]), image if uploads is None else uploads.put(image)
-
-
 class PathListLoader(LoadPilAndNumpy):
     """Batches of ``batch`` images from a list of paths, decoded on ``threads`` threads up to ``read_ahead`` batches
     (at least one image per thread) ahead.
@@ -114,8 +101,7 @@ class PathListLoader(LoadPilAndNumpy):
     """
 
     def __init__(self, paths: Sequence[str | Path], batch: int = 1, channels: int = 3, threads: int = 1,
-                 read_ahead: int = 2, opencv_jpeg: bool = True, upload_to: torch.device | None = None,
-                 processes: int = 0):
+                 read_ahead: int = 2, opencv_jpeg: bool = True, upload_to: torch.device | None = None):
         # LoadPilAndNumpy.__init__ is not called: it would hold every decoded image.
         self.sources = list(paths)
         self.bs, self.channels, self.threads, self.read_ahead = batch, channels, threads, read_ahead
@@ -128,7 +114,6 @@ class PathListLoader(LoadPilAndNumpy):
         self._entries = [(i, path, opencv and p.opencv_decodes) for i, (path, p) in
                          enumerate(zip(self.sources, probes))]
         self.uploads = loader_uploads(upload_to, batch, threads, read_ahead)
-        self.processes = processes if opencv else 0  # the workers take the OpenCV route's files only
         self._images: OrderedPrefetch | None = None
 
     def __len__(self) -> int:
@@ -138,10 +123,8 @@ class PathListLoader(LoadPilAndNumpy):
         self.close()
         self.count = 0
         decode = partial(_decode, channels=self.channels, uploads=self.uploads)
-        window = max(self.read_ahead * self.bs, self.threads, self.processes)
-        executor = start_decoders(self.processes, decode, _worker_file, _OPENCV_FLAGS, partial(_named, self.uploads),
-                                  self.threads, whole_jpeg=True)
-        self._images = OrderedPrefetch(decode, self._entries, self.threads, window, executor)
+        window = max(self.read_ahead * self.bs, self.threads)
+        self._images = OrderedPrefetch(decode, self._entries, self.threads, window)
         return self
 
     def __next__(self) -> tuple[list[str], list[np.ndarray], list[str]]:

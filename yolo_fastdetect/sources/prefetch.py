@@ -10,7 +10,7 @@ from __future__ import annotations
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, TypeVar
 
 Item = TypeVar("Item")
@@ -18,7 +18,7 @@ Result = TypeVar("Result")
 _END = object()  # no more items
 
 
-def _shut_down(executor: Executor, pending: deque[Future]) -> None:
+def _shut_down(executor: ThreadPoolExecutor, pending: deque[Future]) -> None:
     """Cancel what has not started and join the threads (what is running finishes: one decode at most each)."""
     for future in pending:
         future.cancel()
@@ -30,9 +30,8 @@ class OrderedPrefetch(Generic[Item, Result]):
     """``function(item)`` for each item, computed up to ``window`` items ahead on ``threads`` threads, returned in
     order. An exception raised by ``function`` is raised by the ``next()`` that reaches its item.
 
-    The threads (or ``executor``, given instead: anything that runs ``function(item)``, such as
-    :class:`~.decoder_processes.DecoderProcesses`) are owned by this object: they are joined (it is shut down) when
-    it is exhausted, on :meth:`close`, when a result raises, and when the object is garbage-collected.
+    The threads are owned by this object: they are joined when it is exhausted, on :meth:`close`, when a result
+    raises, and when the object is garbage-collected.
 
     Examples:
         >>> with OrderedPrefetch(str.upper, ["a", "b", "c"], threads=2, window=2) as upper:
@@ -40,13 +39,12 @@ class OrderedPrefetch(Generic[Item, Result]):
         ['A', 'B', 'C']
     """
 
-    def __init__(self, function: Callable[[Item], Result], items: Iterable[Item], threads: int, window: int,
-                 executor: Executor | None = None):
+    def __init__(self, function: Callable[[Item], Result], items: Iterable[Item], threads: int, window: int):
         self._function = function
         self._items: Iterator[Item] = iter(items)
         self._window = max(1, window)
         self._pending: deque[Future] = deque()
-        self._executor = executor or ThreadPoolExecutor(max(1, threads), thread_name_prefix="yolo_fastdetect_decode")
+        self._executor = ThreadPoolExecutor(max(1, threads), thread_name_prefix="yolo_fastdetect_decode")
         self._finalizer = weakref.finalize(self, _shut_down, self._executor, self._pending)
         self._fill()
 
