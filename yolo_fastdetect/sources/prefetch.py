@@ -80,3 +80,43 @@ class OrderedPrefetch(Generic[Item, Result]):
     def __exit__(self, *exc_info) -> None:
         self.close()
 
+
+class Flattened(Generic[Result]):
+    """The elements of the lists that ``batches`` returns, one at a time, in order; :meth:`close` closes
+    ``batches``, then calls ``on_close``.
+
+    Examples:
+        >>> with Flattened(OrderedPrefetch(lambda n: [n] * n, [1, 2], threads=1, window=1)) as numbers:
+        ...     list(numbers)
+        [1, 2, 2]
+    """
+
+    def __init__(self, batches: OrderedPrefetch[Item, list[Result]], on_close: Callable[[], None] | None = None):
+        self._batches, self._on_close = batches, on_close
+        self._current: Iterator[Result] = iter(())
+
+    def __iter__(self) -> Flattened[Result]:
+        return self
+
+    def __next__(self) -> Result:
+        while True:
+            element = next(self._current, _END)
+            if element is not _END:
+                return element
+            try:
+                self._current = iter(next(self._batches))
+            except BaseException:  # the end, or a batch's error: stop the threads first
+                self.close()
+                raise
+
+    def close(self) -> None:
+        """Stop reading ahead and join the threads (idempotent)."""
+        self._batches.close()
+        if self._on_close is not None:
+            self._on_close()
+
+    def __enter__(self) -> Flattened[Result]:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

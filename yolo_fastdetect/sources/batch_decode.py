@@ -1,0 +1,101 @@
+"""Image files a batch at a time, the GIL released for the whole batch: the machinery under the loaders at batch 2
+and above.
+
+Decoder threads in Python need the GIL between two files, and the predictor's thread holds it for much of each
+batch: on the H200 host 15 threads decode 896 img/s alone and 268 beside one thread running pure Python, and a
+folder at batch 16 and 64 reached 61-72 % of its ceiling (benchmarks/RESULTS.md). :class:`BatchDecoder` hands a
+batch's JPEGs to :func:`~yolo_fastdetect.ops.jpeg_files.decode_jpeg_files`, which reads and decodes them on threads
+of the operator library to OpenCV's bytes, and decodes what that declines (other formats, CMYK, truncated files,
+...) the loader's own way, on threads of its own. :func:`batched_prefetch` keeps ``read_ahead`` batches in flight
+and hands their results back one at a time, as the per-image read-ahead does. ``YOLO_FASTDETECT_BATCH_DECODE=0``
+keeps the per-image decoder threads (see :mod:`yolo_fastdetect.sources`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from .prefetch import Flattened, OrderedPrefetch
+
+
+def available() -> bool:
+    """Whether the batch decoder can run: the operators load, and torchvision's image operators (its decoder)."""
+    from yolo_fastdetect import _ext
+
+    if not _ext.available():
+        return False
+    try:
+        from yolo_fastdetect.ops.jpeg_files import _load_torchvision_image_ops
+
+        _load_torchvision_image_ops()
+    except (ImportError, RuntimeError, OSError):
+        return False
+    return True
+
+
+class BatchDecoder:
+    """``decode(item)`` for each item of a batch, the items that name a JPEG file decoded together outside the GIL.
+
+    Args:
+        decode (Callable): The loader's decode of one item (what the batch decoder declines goes there).
+        jpeg_file (Callable[[Any], str | None]): The file to decode for an item, or None to leave the item to
+            ``decode``; the image must be what ``decode`` gives for it whenever the operator takes the file.
+        finish (Callable[[Any, np.ndarray], Any]): ``decode``'s result for an item from the decoded image.
+        apply_exif_orientation (bool): As ``cv2.imdecode`` with ``IMREAD_COLOR`` (True) or with
+            ``IMREAD_IGNORE_ORIENTATION`` too (False).
+        threads (int): Threads for the items left to ``decode`` (shared by the batches in flight).
+        batch_threads (int): Threads of the operator for one batch.
+
+    Examples:
+        >>> decoder = BatchDecoder(imread, lambda path: path, lambda path, image: image, True, 8, 8)
+        >>> images = decoder(["a.jpg", "b.png"])  # a.jpg by the operator, b.png by imread
+        >>> decoder.close()
+    """
+
+    def __init__(self, decode: Callable, jpeg_file: Callable[[Any], str | None],
+                 finish: Callable[[Any, np.ndarray], Any], apply_exif_orientation: bool, threads: int,
+                 batch_threads: int):
+        self._decode, self._jpeg_file, self._finish = decode, jpeg_file, finish
+        self._exif, self._batch_threads = apply_exif_orientation, max(1, batch_threads)
+        self._others = ThreadPoolExecutor(max(1, threads), thread_name_prefix="yolo_fastdetect_decode")
+
+    def __call__(self, items: Sequence) -> list:
+        """The results of ``decode`` for ``items``, in order; an exception of ``decode`` is raised here."""
+        from yolo_fastdetect.ops.jpeg_files import decode_jpeg_files
+
+        files = [self._jpeg_file(item) for item in items]
+        jpegs = [i for i, file in enumerate(files) if file is not None]
+        results: list = [None] * len(items)
+        decoded = decode_jpeg_files([files[i] for i in jpegs], self._batch_threads, self._exif) if jpegs else []
+        others = {}
+        for i, image in zip(jpegs, decoded):
+            if image is not None:
+                results[i] = self._finish(items[i], image)
+        for i, item in enumerate(items):
+            if results[i] is None:
+                others[i] = self._others.submit(self._decode, item)
+        for i, future in others.items():
+            results[i] = future.result()
+        return results
+
+    def close(self) -> None:
+        """Join the threads of the items left to ``decode`` (call it after no batch runs any more)."""
+        self._others.shutdown(wait=True, cancel_futures=True)
+
+
+def batched_prefetch(items: Sequence, batch: int, read_ahead: int, threads: int, decode: Callable,
+                     jpeg_file: Callable[[Any], str | None], finish: Callable[[Any, np.ndarray], Any],
+                     apply_exif_orientation: bool) -> Flattened:
+    """The results of ``decode`` for ``items`` (see :class:`BatchDecoder` for the other arguments), a batch of
+    ``batch`` decoded at a time, returned one item at a time. As many batches are in flight as the per-image
+    read-ahead would keep images (``read_ahead`` batches, and at least one file per thread), and those that decode
+    at once share the ``threads``; closing the result joins every thread."""
+    in_flight = max(read_ahead, -(-threads // batch))
+    running = min(in_flight, threads)  # no more decoding at once than the threads (a 2-core machine: one)
+    decoder = BatchDecoder(decode, jpeg_file, finish, apply_exif_orientation, threads, threads // running)
+    batches = [items[start:start + batch] for start in range(0, len(items), batch)]
+    return Flattened(OrderedPrefetch(decoder, batches, threads=running, window=in_flight), on_close=decoder.close)
