@@ -129,7 +129,9 @@ def test_read_ahead_is_bounded(folder, monkeypatch, loader, batch_decode):
     source.close()
 
 
-def test_break_and_consumer_errors_stop_the_threads(model, folder):
+@pytest.mark.parametrize("batch_decode", ["0", "1"], ids=["per-image", "batch-decode"])
+def test_break_and_consumer_errors_stop_the_threads(model, folder, batch_decode, monkeypatch):
+    monkeypatch.setenv(sources.BATCH_DECODE_VARIABLE, batch_decode)
     for _ in model.predict(str(folder), stream=True, batch=2, imgsz=IMGSZ, verbose=False):
         break
     assert loader_threads() == [] and open_files_under(folder) == []
@@ -147,7 +149,9 @@ def test_break_and_consumer_errors_stop_the_threads(model, folder):
     assert loader_threads() == []
 
 
-def test_an_abandoned_stream_stops_its_threads(model, folder):
+@pytest.mark.parametrize("batch_decode", ["0", "1"], ids=["per-image", "batch-decode"])
+def test_an_abandoned_stream_stops_its_threads(model, folder, batch_decode, monkeypatch):
+    monkeypatch.setenv(sources.BATCH_DECODE_VARIABLE, batch_decode)
     results = model.predict(str(folder), stream=True, batch=2, imgsz=IMGSZ, verbose=False)
     next(results)
     assert loader_threads()  # decoding ahead

@@ -15,8 +15,8 @@ Settings (environment variables, read when a loader is made):
   the JPEGs it decodes to the same bytes, see :mod:`.path_list`);
 - ``YOLO_FASTDETECT_UPLOAD_AHEAD=0``: at batch 1 too, the predictor's thread uploads each image to the GPU (by
   default the decoder threads do, see :mod:`.upload`);
-- ``YOLO_FASTDETECT_BATCH_DECODE=0``: at batch 2 and above too, the JPEGs decode one per decoder thread (by default
-  a batch's JPEGs decode together outside the GIL, to OpenCV's bytes, see :mod:`.batch_decode`);
+- ``YOLO_FASTDETECT_BATCH_DECODE=1`` (opt-in until measured faster on the GPU host): wherever the decoder threads do
+  not upload ahead, a batch's JPEGs decode together outside the GIL, to OpenCV's bytes (:mod:`.batch_decode`);
 - ``YOLO_FASTDETECT_GPU_JPEG=1`` (opt-in; not stock's pixels): a folder's, glob's or ``.txt``/``.csv`` list's baseline
   JPEGs decode on the GPU with nvJPEG (:mod:`.gpu_jpeg`); Python lists of paths keep the CPU.
 """
@@ -109,7 +109,7 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3,
     upload = batch <= UPLOAD_AHEAD_MAX_BATCH and os.environ.get(UPLOAD_AHEAD_VARIABLE, "1") != "0"
     options = {"batch": batch, "channels": channels, "threads": decode_threads(), "read_ahead": read_ahead(),
                "upload_to": device if upload else None,
-               "batch_decode": os.environ.get(BATCH_DECODE_VARIABLE, "1") != "0" and batch_decode.available()}
+               "batch_decode": os.environ.get(BATCH_DECODE_VARIABLE, "0") == "1" and batch_decode.available()}
     if _is_local_path(source):
         gpu_jpeg = device if os.environ.get(GPU_JPEG_VARIABLE, "0") == "1" else None
         return FileLoader(source, vid_stride=vid_stride, gpu_jpeg=gpu_jpeg, **options)

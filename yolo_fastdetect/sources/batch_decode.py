@@ -7,8 +7,12 @@ folder at batch 16 and 64 reached 61-72 % of its ceiling (benchmarks/RESULTS.md)
 batch's JPEGs to :func:`~yolo_fastdetect.ops.jpeg_files.decode_jpeg_files`, which reads and decodes them on threads
 of the operator library to OpenCV's bytes, and decodes what that declines (other formats, CMYK, truncated files,
 ...) the loader's own way, on threads of its own. :func:`batched_prefetch` keeps ``read_ahead`` batches in flight
-and hands their results back one at a time, as the per-image read-ahead does. ``YOLO_FASTDETECT_BATCH_DECODE=0``
-keeps the per-image decoder threads (see :mod:`yolo_fastdetect.sources`).
+and hands their results back one at a time, as the per-image read-ahead does.
+
+Opt-in (``YOLO_FASTDETECT_BATCH_DECODE=1``, see :mod:`yolo_fastdetect.sources`): its one run on the H200 host
+(5773e51, ``bench sources`` at batch 64) gave a list 457 img/s, 73 % of its ceiling, and a folder 386 img/s, 57 %,
+against 397 (77 %) and 417 (72 %) with the per-image threads in an earlier run on another machine of the kind; the
+A/B in one run is still to come.
 """
 
 from __future__ import annotations
