@@ -11,7 +11,9 @@ and a 1080p mp4 clip of ``--frames`` frames. Then, in one process on one model (
   images already in memory at that batch size), and ours as a share of it; whether both detect the same (same
   paths in order, same box counts, largest distance from one of our boxes to stock's nearest of its class);
 - ``--sources`` picks the cases (``list``, ``folder``, ``video``); ``--gpu-jpeg`` also times ours on the folder with
-  ``YOLO_FASTDETECT_GPU_JPEG=1`` (nvJPEG, opt-in: not stock's pixels, so its detections are compared too);
+  ``YOLO_FASTDETECT_GPU_JPEG=1`` (nvJPEG, opt-in: not stock's pixels, so its detections are compared too), and
+  ``--batch-decode`` ours on the list and the folder with ``YOLO_FASTDETECT_BATCH_DECODE=1`` (opt-in), in the same
+  run as the rows they compare with;
 - peak host memory of loading a list of ``--memory-paths`` paths (640x480 files, repeated): stock's loader (which
   decodes the whole list first) against ours, each in a fresh process.
 """
@@ -141,12 +143,16 @@ def make_data(root: Path, args) -> dict[str, list[Path]]:
 
 def run(args) -> list[dict]:
     import yolo_fastdetect
-    from yolo_fastdetect.sources import GPU_JPEG_VARIABLE, decode_threads
+    from yolo_fastdetect.sources import BATCH_DECODE_VARIABLE, GPU_JPEG_VARIABLE, decode_threads
 
     threads = decode_threads()
     cuda = args.device == "cuda"
     options = {"device": args.device, "verbose": False, "quantize": 16 if cuda else None}
     model = detecting_model(args.model)
+    # The opt-ins asked for: their row key, variable and the cases they apply to.
+    opt_ins = [(key, variable, kinds) for key, variable, kinds, asked in (
+        ("gpu_jpeg", GPU_JPEG_VARIABLE, ("folder",), args.gpu_jpeg),
+        ("batch_decode", BATCH_DECODE_VARIABLE, ("list", "folder"), args.batch_decode)) if asked]
     rows = []
     with tempfile.TemporaryDirectory(prefix="yfd_bench_sources_") as scratch:
         root = Path(args.keep or scratch)
@@ -161,13 +167,14 @@ def run(args) -> list[dict]:
             for side, switch in (("stock", yolo_fastdetect.disable), ("ours", yolo_fastdetect.enable)):
                 switch()
                 row[side], row[f"{side}_records"] = timed_rate(model, source, batch, options, args.repeats)
-            if args.gpu_jpeg and kind == "folder":
-                os.environ[GPU_JPEG_VARIABLE] = "1"
-                try:
-                    row["gpu_jpeg"], records = timed_rate(model, source, batch, options, args.repeats)
-                finally:
-                    del os.environ[GPU_JPEG_VARIABLE]
-                row["gpu_jpeg_detections"] = same_detections(records, row["stock_records"])
+            for key, variable, kinds in opt_ins:
+                if kind in kinds:
+                    os.environ[variable] = "1"
+                    try:
+                        row[key], records = timed_rate(model, source, batch, options, args.repeats)
+                    finally:
+                        del os.environ[variable]
+                    row[f"{key}_detections"] = same_detections(records, row["stock_records"])
             row["detections"] = same_detections(row.pop("ours_records"), row.pop("stock_records"))
             row["decode_only"] = decode_rate(source)
             row["in_memory"] = in_memory_rate(model, decoded(kind.split()[0], paths), batch, options, args.repeats)
@@ -197,14 +204,15 @@ def markdown(rows: list[dict], memory: dict, threads: int, args) -> str:
             f"{row['ours'] / row['stock']:.2f}x | {row['decode_only']:.0f} | {row['in_memory']:.0f} | "
             f"{row['ours'] / row['ceiling']:.0%} | {same} | {detections['max_box_diff_px']:.2g} |"
         )
-    for row in (row for row in rows if "gpu_jpeg" in row):
-        detections = row["gpu_jpeg_detections"]
-        lines.append(
-            f"\nfolder batch {row['batch']} with YOLO_FASTDETECT_GPU_JPEG=1: {row['gpu_jpeg']:.0f} img/s "
-            f"({row['gpu_jpeg'] / row['stock']:.2f}x stock, ours {row['ours']:.0f}); boxes {detections['ours']} "
-            f"vs stock's {detections['stock']}, same counts per image: {detections['same_counts']}, max box diff "
-            f"{detections['max_box_diff_px']:.3g} px (untied {detections['max_box_diff_px_untied']:.3g})"
-        )
+    for key, variable in (("gpu_jpeg", "YOLO_FASTDETECT_GPU_JPEG"), ("batch_decode", "YOLO_FASTDETECT_BATCH_DECODE")):
+        for row in (row for row in rows if key in row):
+            detections = row[f"{key}_detections"]
+            lines.append(
+                f"\n{row['source']} batch {row['batch']} with {variable}=1: {row[key]:.0f} img/s "
+                f"({row[key] / row['stock']:.2f}x stock, ours {row['ours']:.0f}); boxes {detections['ours']} "
+                f"vs stock's {detections['stock']}, same counts per image: {detections['same_counts']}, max box diff "
+                f"{detections['max_box_diff_px']:.3g} px (untied {detections['max_box_diff_px_untied']:.3g})"
+            )
     if memory:
         lines += ["", f"Peak host memory loading a list of {args.memory_paths} paths (640x480): stock "
                       f"{memory['stock']:.0f} MB, ours {memory['ours']:.0f} MB (batch 64; the imports alone: "
@@ -223,6 +231,8 @@ def main(argv: list[str] | None = None) -> None:
     kinds = ["list", "folder", "video"]
     parser.add_argument("--sources", nargs="+", default=kinds, choices=kinds, help="which cases to run")
     parser.add_argument("--gpu-jpeg", action="store_true", help="also time the folder with nvJPEG decoding (opt-in)")
+    parser.add_argument("--batch-decode", action="store_true",
+                        help="also time the list and the folder with YOLO_FASTDETECT_BATCH_DECODE=1 (opt-in)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--memory-paths", type=int, default=2000, help="0 skips the memory measurement")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
