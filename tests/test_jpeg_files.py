@@ -5,6 +5,8 @@ empty, missing)."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -15,6 +17,7 @@ from sources_corpus import EXIF_ORIENTATION
 from test_sources_decode import content, jpeg_variants
 from yolo_fastdetect import _ext
 from yolo_fastdetect.ops.jpeg_files import decode_jpeg_files
+from yolo_fastdetect.sources.batch_decode import BatchDecoder
 
 pytestmark = pytest.mark.skipif(not _ext.available(), reason="the operators are not built")
 
@@ -78,3 +81,21 @@ def test_threads_is_checked(tmp_path):
     with pytest.raises(ValueError, match="threads"):
         decode_jpeg_files([tmp_path / "a.jpg"], threads=0)
     assert decode_jpeg_files([], threads=4) == []
+
+
+def test_batch_decoder_leaves_undecodable_names_to_the_loader(tmp_path, generator):
+    """A file name with bytes that are not UTF-8 (``os.fsdecode`` gives surrogates) cannot pass to the operator: the
+    loader's own decode takes it, and the other files of the batch still go to the operator."""
+    image = content(np.random.default_rng(generator.initial_seed()), 64, 48)
+    odd = os.fsdecode(bytes(tmp_path) + b"/odd_\xff.jpg")
+    image.save(odd, quality=90)
+    image.save(plain := str(tmp_path / "plain.jpg"), quality=90)
+    handed = []
+    decoder = BatchDecoder(lambda path: ("loader", imread(path)), lambda path: handed.append(path) or path,
+                           lambda path, im: ("operator", im), True, threads=2, batch_threads=2)
+    try:
+        results = decoder([odd, plain])
+    finally:
+        decoder.close()
+    assert [source for source, _ in results] == ["loader", "operator"]
+    assert all(np.array_equal(im, imread(path)) for (_, im), path in zip(results, [odd, plain]))

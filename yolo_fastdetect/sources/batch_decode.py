@@ -41,6 +41,15 @@ def available() -> bool:
     return True
 
 
+def _utf8(path: str) -> bool:
+    """Whether ``path`` can pass to the operator, as UTF-8; a name with other bytes is left to the loader."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class BatchDecoder:
     """``decode(item)`` for each item of a batch, the items that name a JPEG file decoded together outside the GIL.
 
@@ -72,7 +81,7 @@ class BatchDecoder:
         from yolo_fastdetect.ops.jpeg_files import decode_jpeg_files
 
         files = [self._jpeg_file(item) for item in items]
-        jpegs = [i for i, file in enumerate(files) if file is not None]
+        jpegs = [i for i, file in enumerate(files) if file is not None and _utf8(file)]
         results: list = [None] * len(items)
         decoded = decode_jpeg_files([files[i] for i in jpegs], self._batch_threads, self._exif) if jpegs else []
         others = {}
