@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install the carried Ultralytics wheel, build the operators, run the test suite
-# (CUDA tests included; PYTEST_ARGS is shell words, so -k 'not slow' keeps its quotes), then the benchmarks named as arguments (e.g. "decode --predict"; separate with ';').
+# (CUDA tests included; PYTEST_ARGS is shell words, so -k 'not slow' keeps its quotes), then the benchmarks named
+# as arguments (e.g. "decode --predict"; separate with ';').
 # Logs go to $OUT (the device tool's return folder) when set.
 set -o pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"

@@ -141,18 +141,22 @@ def make_data(root: Path, args) -> dict[str, list[Path]]:
     return data
 
 
+def opt_ins() -> list[tuple[str, str, tuple[str, ...]]]:
+    """The opt-in rows: their key (in a row, and the flag's name), the variable that turns them on, the cases."""
+    from yolo_fastdetect.sources import BATCH_DECODE_VARIABLE, GPU_JPEG_VARIABLE
+
+    return [("gpu_jpeg", GPU_JPEG_VARIABLE, ("folder",)), ("batch_decode", BATCH_DECODE_VARIABLE, ("list", "folder"))]
+
+
 def run(args) -> list[dict]:
     import yolo_fastdetect
-    from yolo_fastdetect.sources import BATCH_DECODE_VARIABLE, GPU_JPEG_VARIABLE, decode_threads
+    from yolo_fastdetect.sources import decode_threads
 
     threads = decode_threads()
     cuda = args.device == "cuda"
     options = {"device": args.device, "verbose": False, "quantize": 16 if cuda else None}
     model = detecting_model(args.model)
-    # The opt-ins asked for: their row key, variable and the cases they apply to.
-    opt_ins = [(key, variable, kinds) for key, variable, kinds, asked in (
-        ("gpu_jpeg", GPU_JPEG_VARIABLE, ("folder",), args.gpu_jpeg),
-        ("batch_decode", BATCH_DECODE_VARIABLE, ("list", "folder"), args.batch_decode)) if asked]
+    asked = [opt_in for opt_in in opt_ins() if getattr(args, opt_in[0])]
     rows = []
     with tempfile.TemporaryDirectory(prefix="yfd_bench_sources_") as scratch:
         root = Path(args.keep or scratch)
@@ -167,7 +171,7 @@ def run(args) -> list[dict]:
             for side, switch in (("stock", yolo_fastdetect.disable), ("ours", yolo_fastdetect.enable)):
                 switch()
                 row[side], row[f"{side}_records"] = timed_rate(model, source, batch, options, args.repeats)
-            for key, variable, kinds in opt_ins:
+            for key, variable, kinds in asked:
                 if kind in kinds:
                     os.environ[variable] = "1"
                     try:
@@ -204,7 +208,7 @@ def markdown(rows: list[dict], memory: dict, threads: int, args) -> str:
             f"{row['ours'] / row['stock']:.2f}x | {row['decode_only']:.0f} | {row['in_memory']:.0f} | "
             f"{row['ours'] / row['ceiling']:.0%} | {same} | {detections['max_box_diff_px']:.2g} |"
         )
-    for key, variable in (("gpu_jpeg", "YOLO_FASTDETECT_GPU_JPEG"), ("batch_decode", "YOLO_FASTDETECT_BATCH_DECODE")):
+    for key, variable, _ in opt_ins():
         for row in (row for row in rows if key in row):
             detections = row[f"{key}_detections"]
             lines.append(

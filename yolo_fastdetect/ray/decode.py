@@ -77,7 +77,7 @@ def decode_rows(paths: Sequence[str], contents: Sequence[bytes | None] | None, c
     flags = cv2.IMREAD_GRAYSCALE if channels == 1 else cv2.IMREAD_COLOR
     rows = list(zip(paths, contents if contents is not None else [None] * len(paths)))
     decode = partial(_decode_row, flags=flags)
-    if channels == 3 and os.environ.get(sources.BATCH_DECODE_VARIABLE, "0") == "1" and batch_decode.available():
+    if channels == 3 and sources.batch_decoding():
         decoder = batch_decode.BatchDecoder(decode, _row_jpeg_file, lambda row, image: image, True, threads, threads)
         try:
             return decoder(rows)

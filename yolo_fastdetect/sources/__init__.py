@@ -35,8 +35,8 @@ from .prefetch import OrderedPrefetch
 from .upload import Uploads
 from .video import VideoReader
 
-__all__ = ["FileLoader", "OrderedPrefetch", "PathListLoader", "Uploads", "VideoReader", "decode_threads", "file_loader",
-           "read_ahead"]
+__all__ = ["FileLoader", "OrderedPrefetch", "PathListLoader", "Uploads", "VideoReader", "batch_decoding",
+           "decode_threads", "file_loader", "read_ahead"]
 
 SOURCES_VARIABLE = "YOLO_FASTDETECT_SOURCES"
 THREADS_VARIABLE = "YOLO_FASTDETECT_DECODE_THREADS"
@@ -80,6 +80,12 @@ def read_ahead() -> int:
     return _positive_int(READ_AHEAD_VARIABLE, 2)
 
 
+def batch_decoding() -> bool:
+    """Whether a batch's JPEGs decode in one call outside the GIL: ``YOLO_FASTDETECT_BATCH_DECODE=1`` (opt-in) and
+    the batch decoder can run (:func:`.batch_decode.available`)."""
+    return os.environ.get(BATCH_DECODE_VARIABLE, "0") == "1" and batch_decode.available()
+
+
 def _is_local_path(source: object) -> bool:
     """Whether ``check_source`` would send ``source`` to ``LoadImagesAndVideos`` (not a webcam, stream, URL or
     screenshot)."""
@@ -109,7 +115,7 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3,
     upload = batch <= UPLOAD_AHEAD_MAX_BATCH and os.environ.get(UPLOAD_AHEAD_VARIABLE, "1") != "0"
     options = {"batch": batch, "channels": channels, "threads": decode_threads(), "read_ahead": read_ahead(),
                "upload_to": device if upload else None,
-               "batch_decode": os.environ.get(BATCH_DECODE_VARIABLE, "0") == "1" and batch_decode.available()}
+               "batch_decode": batch_decoding()}
     if _is_local_path(source):
         gpu_jpeg = device if os.environ.get(GPU_JPEG_VARIABLE, "0") == "1" else None
         return FileLoader(source, vid_stride=vid_stride, gpu_jpeg=gpu_jpeg, **options)
