@@ -6,8 +6,9 @@ batch: on the H200 host 15 threads decode 896 img/s alone and 268 beside one thr
 folder at batch 16 and 64 reached 61-72 % of its ceiling (benchmarks/RESULTS.md). :class:`BatchDecoder` hands a
 batch's JPEGs to :func:`~yolo_fastdetect.ops.jpeg_files.decode_jpeg_files`, which reads and decodes them on threads
 of the operator library to OpenCV's bytes, and decodes what that declines (other formats, CMYK, truncated files,
-...) the loader's own way, on threads of its own. :func:`batched_prefetch` keeps ``read_ahead`` batches in flight
-and hands their results back one at a time, as the per-image read-ahead does.
+...) the loader's own way, on threads of its own. :func:`batched_prefetch` hands each decoder thread about its share
+of a batch per call, keeps ``read_ahead`` batches in flight and hands the results back one at a time, as the
+per-image read-ahead does.
 
 Opt-in (``YOLO_FASTDETECT_BATCH_DECODE=1``, see :mod:`yolo_fastdetect.sources`): its one run on the H200 host
 (5773e51, ``bench sources`` at batch 64) gave a list 457 img/s, 73 % of its ceiling, and a folder 386 img/s, 57 %,
@@ -103,12 +104,16 @@ class BatchDecoder:
 def batched_prefetch(items: Sequence, batch: int, read_ahead: int, threads: int, decode: Callable,
                      jpeg_file: Callable[[Any], str | None], finish: Callable[[Any, np.ndarray], Any],
                      apply_exif_orientation: bool) -> Flattened:
-    """The results of ``decode`` for ``items`` (see :class:`BatchDecoder` for the other arguments), a batch of
-    ``batch`` decoded at a time, returned one item at a time. As many batches are in flight as the per-image
-    read-ahead would keep images (``read_ahead`` batches, and at least one file per thread), and those that decode
-    at once share the ``threads``; closing the result joins every thread."""
-    in_flight = max(read_ahead, -(-threads // batch))
-    running = min(in_flight, threads)  # no more decoding at once than the threads (a 2-core machine: one)
-    decoder = BatchDecoder(decode, jpeg_file, finish, apply_exif_orientation, threads, threads // running)
-    batches = [items[start:start + batch] for start in range(0, len(items), batch)]
-    return Flattened(OrderedPrefetch(decoder, batches, threads=running, window=in_flight), on_close=decoder.close)
+    """The results of ``decode`` for ``items`` (see :class:`BatchDecoder` for the other arguments), returned one
+    item at a time, ``read_ahead`` batches of ``batch`` (and at least one call per thread) in flight, as the
+    per-image read-ahead keeps them; closing the result joins every thread.
+
+    Each of the ``threads`` threads decodes about its share of a batch per call (``batch / threads`` files): the GIL
+    is taken once per call, not once per file, and a thread done with its share takes a share of the next batch
+    instead of waiting for the slowest file of its own (as a whole batch split over the threads of one call does)."""
+    threads = max(1, threads)
+    chunk = -(-batch // threads)
+    window = max(-(-read_ahead * batch // chunk), threads)
+    decoder = BatchDecoder(decode, jpeg_file, finish, apply_exif_orientation, threads, batch_threads=1)
+    chunks = [items[start:start + chunk] for start in range(0, len(items), chunk)]
+    return Flattened(OrderedPrefetch(decoder, chunks, threads=threads, window=window), on_close=decoder.close)
