@@ -8,8 +8,10 @@ file sources, letterbox on the GPU, forward pass from CUDA graphs.
 - ``preprocess`` (CUDA): letterboxes in the ``letterbox`` operator on the GPU, uploading the original images
   (bit-identical input).
 - ``inference`` (CUDA): replays the forward pass from a CUDA graph per input shape (:mod:`yolo_fastdetect.graphs`):
-  a shape's first batch runs eagerly, its second is captured. ``YOLO_FASTDETECT_GRAPHS=0`` turns the replay off,
-  ``YOLO_FASTDETECT_GRAPH_CACHE`` bounds the number of graphs kept (default 8).
+  a shape's first batch runs eagerly, its second is captured. Under Ultralytics' ``compile=`` that is the compiled
+  forward, where the mode captures no graphs of its own (default, ``max-autotune-no-cudagraphs``).
+  ``YOLO_FASTDETECT_GRAPHS=0`` turns the replay off, ``YOLO_FASTDETECT_GRAPH_CACHE`` bounds the number of graphs kept
+  (default 8).
 
 ``DetectionPredictor`` inherits these methods from ``BasePredictor``; ``apply()`` sets them on ``DetectionPredictor``
 (so Segment, Pose and OBB predictors get them too) and ``revert()`` restores its ``__dict__`` as it was. Everything
@@ -28,6 +30,8 @@ import os
 
 import numpy as np
 import torch
+import torch._dynamo
+import torch._inductor
 from ultralytics.engine.predictor import BasePredictor
 from ultralytics.models.yolo.detect import DetectionPredictor
 from ultralytics.nn.autobackend import AutoBackend
@@ -127,19 +131,37 @@ def _letterboxed(self: DetectionPredictor, im) -> torch.Tensor:
     return _stock(self, "preprocess")(im)
 
 
+def replayed_backend(predictor: DetectionPredictor) -> AutoBackend | None:
+    """The ``AutoBackend`` whose forward pass ``predictor.inference`` may replay from CUDA graphs: the predictor's
+    model, or the one that Ultralytics' ``compile=`` wrapped where its mode captures no CUDA graphs of its own
+    (``True``/``"default"``, ``"max-autotune-no-cudagraphs"``: the compiled forward is then replayed as the plain
+    one is; ``"reduce-overhead"`` and ``"max-autotune"`` replay their own graphs). None for anything else."""
+    model = predictor.model
+    if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
+        mode = "default" if predictor.args.compile is True else predictor.args.compile
+        try:
+            own_graphs = torch._inductor.list_mode_options(mode).get("triton.cudagraphs", False)
+        except (RuntimeError, TypeError):  # a mode this torch does not know
+            return None
+        if own_graphs or model._forward_hooks or model._forward_pre_hooks:
+            return None
+        model = model._orig_mod
+    return model if isinstance(model, AutoBackend) else None
+
+
 def graphs_apply(predictor: DetectionPredictor, im: torch.Tensor) -> bool:
     """Whether ``predictor.inference(im)`` may replay a CUDA graph of the stock call ``predictor.model(im, ...)``."""
-    args, model = predictor.args, predictor.model
+    args, backend = predictor.args, replayed_backend(predictor)
     return (
         os.environ.get(GRAPHS_VARIABLE, "1") != "0"
         and isinstance(im, torch.Tensor)
         and im.is_cuda
         and not (args.augment or args.embed or args.visualize)
-        and isinstance(model, AutoBackend)
-        and model.format == "pt"
-        and not (model._forward_hooks or model._forward_pre_hooks)
-        and type(model.model) in _GRAPHED_NETWORKS
-        and not model.model.training
+        and backend is not None
+        and backend.format == "pt"
+        and not (backend._forward_hooks or backend._forward_pre_hooks)
+        and type(backend.model) in _GRAPHED_NETWORKS
+        and not backend.model.training
         and not torch.is_grad_enabled()
     )
 
@@ -149,11 +171,13 @@ def inference(self: DetectionPredictor, im: torch.Tensor, *args, **kwargs):
     apply. The outputs are overwritten by the next replay of the same shape (see the module docstring)."""
     if args or kwargs or not graphs_apply(self, im):
         return _stock(self, "inference")(im, *args, **kwargs)
-    model, augment, embed = self.model, self.args.augment, self.args.embed
-    head = model.model.model[-1]
+    model, backend, augment, embed = self.model, replayed_backend(self), self.args.augment, self.args.embed
+    network = backend.model
+    head = network.model[-1]
     # stream_inference sets these on end-to-end heads at every run, and their forward reads them as Python values.
-    variant = (getattr(head, "max_det", None), getattr(head, "agnostic_nms", None))
-    return default_cache()(lambda x: model(x, augment=augment, embed=embed), im, owner=model.model, variant=variant)
+    # A compiled forward's graphs are kept apart from the plain forward's of the same network.
+    variant = (getattr(head, "max_det", None), getattr(head, "agnostic_nms", None), model is not backend)
+    return default_cache()(lambda x: model(x, augment=augment, embed=embed), im, owner=network, variant=variant)
 
 
 _METHODS = {"setup_source": setup_source, "preprocess": preprocess, "inference": inference}

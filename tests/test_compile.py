@@ -9,6 +9,7 @@ compile mode) give stock eager's detections.
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from conftest import detecting_model
 from test_predictor import assert_same_detections, predict, sources_for
 from yolo_fastdetect import _ext
 from yolo_fastdetect.graphs import default_cache
+from yolo_fastdetect.patches.predictor import replayed_backend
 
 HEADS = ["yolo11n.yaml", "yolo11n-seg.yaml", "yolo11n-pose.yaml"]  # Detect, Segment, Pose
 INPUT = (1, 3, 128, 160)
@@ -107,6 +109,19 @@ def test_compiles_fewer_times_than_stock():
     assert ours < stock, (ours, stock)
 
 
+@pytest.mark.parametrize(("mode", "replayed"), [(True, True), ("default", True), ("max-autotune-no-cudagraphs", True),
+                                              ("reduce-overhead", False), ("max-autotune", False),
+                                              ("no-such-mode", False)])
+def test_compiled_forward_is_replayed_where_compile_has_no_graphs(mode, replayed):
+    """Our CUDA graphs take the compiled forward of the modes without CUDA graphs of their own; the others (and a
+    mode torch does not know) keep theirs. torch.compile is lazy: wrapping compiles nothing here."""
+    backend = fused_network("yolo11n.yaml")
+    compile_mode = {True: "default", "no-such-mode": None}.get(mode, mode)  # what attempt_compile passes on
+    predictor = SimpleNamespace(model=torch.compile(backend, mode=compile_mode), args=SimpleNamespace(compile=mode))
+    assert replayed_backend(predictor) is (backend if replayed else None)
+    assert replayed_backend(SimpleNamespace(model=backend, args=SimpleNamespace(compile=False))) is backend
+
+
 # CUDA ------------------------------------------------------------------------------------------------------------
 
 # Every setting on the Detect model ("channels_last": graphs of NHWC weights, Ultralytics' channels_last=True);
@@ -136,5 +151,8 @@ def test_predict_fp16_same_as_stock_eager(config, setting, monkeypatch):
         assert_same_detections(ours, expected, box_atol=2.0, conf_atol=2e-3)
     if compile_mode:  # attempt_compile falls back to the plain model silently (no Triton, say)
         assert isinstance(model.predictor.model, torch._dynamo.eval_frame.OptimizedModule)
-    if setting == "graphs":
+    # Our graphs replay the forward (the compiled one too) except where compile's mode replays graphs of its own.
+    if setting in ("eager", "reduce-overhead"):
+        assert len(default_cache()) == 0, "a graph was captured"
+    else:
         assert len(default_cache()) >= 1, "no graph was captured"
