@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import sys
 import threading
 import time
 from pathlib import Path
@@ -98,6 +99,21 @@ def test_prefetch_raises_the_error_at_its_item_and_stops():
     assert loader_threads() == []
     with pytest.raises(StopIteration):  # closed: nothing more comes
         next(prefetch)
+
+
+def own_nice() -> int:
+    """The calling thread's nice value (Linux: each thread has its own)."""
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="Linux only: elsewhere a thread has no nice value of its own, and none is set")
+def test_prefetch_threads_run_five_nice_steps_below_the_caller():
+    """The decoder threads yield the CPU to the predictor's thread, which holds the GIL between its GPU calls."""
+    caller = own_nice()
+    with OrderedPrefetch(lambda _: own_nice(), range(8), threads=3, window=8) as seen:
+        assert list(seen) == [min(19, caller + 5)] * 8
+    assert own_nice() == caller  # the caller's own is untouched
 
 
 @pytest.mark.parametrize("loader", ["folder", "list"])
