@@ -57,11 +57,4 @@ TORCH_LIBRARY(yolo_fastdetect, m) {
   // HWC -> CHW; every byte u becomes value_table[u] (256 values, e.g. u / 255 in the model dtype). Writes out
   // (B, 3, height, width), contiguous, in value_table's dtype.
   m.def("letterbox(Tensor images, Tensor image_params, Tensor value_table, Tensor(a!) out) -> ()");
-
-  // JPEG files read and decoded on `threads` threads of the library, the GIL released for the whole batch: per
-  // path its (H, W, 3) uint8 BGR image as cv2.imdecode(data, IMREAD_COLOR) gives it (with
-  // IMREAD_IGNORE_ORIENTATION where apply_exif_orientation is false), or an empty tensor where the file is declined
-  // (not a JPEG whose bytes that decoder is known to give) or unreadable. Needs torchvision's image operators
-  // loaded (its decoder, libjpeg-turbo).
-  m.def("decode_jpeg_files(str[] paths, bool apply_exif_orientation, int threads) -> Tensor[]");
 }

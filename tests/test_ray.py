@@ -25,9 +25,7 @@ ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.
 import pyarrow.parquet as pq  # noqa: E402 - Ray's dependency, only there with it
 
 from conftest import detecting_model, subprocess_env  # noqa: E402
-from yolo_fastdetect import sources  # noqa: E402
 from yolo_fastdetect.bench._source_data import write_jpegs  # noqa: E402
-from yolo_fastdetect.ops import jpeg_files  # noqa: E402
 from yolo_fastdetect.ray import Predictor, predict_dataset, written  # noqa: E402
 
 IMGSZ = 160  # small inputs keep 2 CPU cores fast enough; nothing here depends on the size
@@ -102,13 +100,8 @@ def assert_rows_match(rows: dict[str, dict], expected: dict[str, tuple], folder:
         assert row["error"] == f"image read error: {folder / name}" and row["conf"] == [] and row["width"] is None
 
 
-@pytest.mark.parametrize("batch_decode", ["0", "1"], ids=["per-image", "batch-decode"])
-def test_predictor_rows_match_predict(model, folder, expected, batch_decode, monkeypatch):
-    """The map_batches class on its own, in this process: a mixed batch of paths, of bytes, and a missing file;
-    the rows given by path decoded per image and (opt-in) by the batch decoder."""
-    decoded, decode = [], jpeg_files.decode_jpeg_files
-    monkeypatch.setattr(jpeg_files, "decode_jpeg_files", lambda files, *a: decoded.extend(files) or decode(files, *a))
-    monkeypatch.setenv(sources.BATCH_DECODE_VARIABLE, batch_decode)
+def test_predictor_rows_match_predict(model, folder, expected):
+    """The map_batches class on its own, in this process: a mixed batch of paths, of bytes, and a missing file."""
     paths = sorted(str(p) for p in folder.iterdir()) + [str(folder / "missing.jpg")]
     predictor = Predictor(model, imgsz=IMGSZ, decode_threads=2)
     by_path = predictor({"path": np.array(paths, dtype=object)})
@@ -120,7 +113,6 @@ def test_predictor_rows_match_predict(model, folder, expected, batch_decode, mon
     assert_rows_match(rows, expected, folder)
     assert by_bytes.drop_columns("error").equals(by_path.drop_columns("error"))
     assert by_bytes["error"].to_pylist()[:-1] == by_path["error"].to_pylist()[:-1]
-    assert len(decoded) == (len(paths) if batch_decode == "1" else 0)  # the rows by path, once each
 
 
 def test_predict_dataset_matches_predict_and_resumes(cluster, model, folder, expected, tmp_path):

@@ -25,7 +25,6 @@ import yolo_fastdetect
 from conftest import detecting_model, devices
 from sources_corpus import write_corpus, write_images
 from yolo_fastdetect import sources
-from yolo_fastdetect.ops import jpeg_files
 from yolo_fastdetect.sources import FileLoader, PathListLoader
 
 IMGSZ = 256  # small inputs keep the CPU runs short; the loaders do not depend on it
@@ -134,31 +133,12 @@ def assert_same_files(stock: dict[str, bytes], ours: dict[str, bytes]) -> None:
         np.testing.assert_allclose(rows, stock_rows, atol=1e-5, err_msg=name)
 
 
-@pytest.fixture
-def batch_decoded(monkeypatch) -> list[str]:
-    """The files handed to the batch decoder (:mod:`yolo_fastdetect.sources.batch_decode`), as it is called."""
-    files, decode = [], jpeg_files.decode_jpeg_files
-    monkeypatch.setattr(jpeg_files, "decode_jpeg_files", lambda paths, *a: files.extend(paths) or decode(paths, *a))
-    return files
-
-
-def expect_decoders(batch_decode: str, batch_decoded: list[str], device: str, batch: int) -> None:
-    """The batch decoder took the JPEGs where it was on (but at batch 1 on CUDA, which uploads ahead per image)."""
-    used = batch_decode == "1" and (device == "cpu" or batch > 1)
-    assert bool(batch_decoded) == used, batch_decoded
-
-
 @pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize(("batch", "vid_stride", "batch_decode"), [(1, 1, "1"), (4, 2, "1"), (16, 1, "1"),
-                                                                   (4, 2, "0")])
-def test_folder_with_videos_matches_stock(model, corpus, tmp_path, batch, vid_stride, batch_decode, device,
-                                          batch_decoded, monkeypatch):
+@pytest.mark.parametrize(("batch", "vid_stride"), [(1, 1), (4, 2), (16, 1)])
+def test_folder_with_videos_matches_stock(model, corpus, tmp_path, batch, vid_stride, device):
     """On CUDA stock's predictor also decodes one batch ahead on a thread of its own (``_prefetch``), handing the
-    loop a copy of the loader per batch: the counters compared are those copies'. Batch decoding on (the default)
-    and off."""
-    monkeypatch.setenv(sources.BATCH_DECODE_VARIABLE, batch_decode)
+    loop a copy of the loader per batch: the counters compared are those copies'."""
     stock, ours = stock_and_ours(model, str(corpus), tmp_path, batch=batch, vid_stride=vid_stride, device=device)
-    expect_decoders(batch_decode, batch_decoded, device, batch)
     assert stock["dataset"] is LoadImagesAndVideos and ours["dataset"] is FileLoader
     assert len(stock["results"]) == 7 + 7 // vid_stride + 5 // vid_stride  # the broken image is skipped
     assert_same_results(stock["results"], ours["results"])
@@ -199,16 +179,11 @@ def list_sources(corpus: Path) -> dict[str, list]:
 
 
 @pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize(("name", "batch", "batch_decode"), [
-    *((name, batch, "1") for name in ("mixed sizes", "one size", "one size, then another") for batch in (1, 2, 32)),
-    ("mixed sizes", 2, "0"),
-])
-def test_list_of_paths_matches_stock(model, corpus, tmp_path, name, batch, batch_decode, device, batch_decoded,
-                                     monkeypatch):
-    monkeypatch.setenv(sources.BATCH_DECODE_VARIABLE, batch_decode)
+@pytest.mark.parametrize("name", ["mixed sizes", "one size", "one size, then another"])
+@pytest.mark.parametrize("batch", [1, 2, 32])
+def test_list_of_paths_matches_stock(model, corpus, tmp_path, name, batch, device):
     source = list_sources(corpus)[name]
     stock, ours = stock_and_ours(model, tuple(source) if batch == 2 else source, tmp_path, batch=batch, device=device)
-    expect_decoders(batch_decode, batch_decoded, device, batch)
     assert stock["dataset"] is LoadPilAndNumpy and ours["dataset"] is PathListLoader
     assert_same_results(stock["results"], ours["results"])
     assert_same_files(stock["saved"], ours["saved"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,8 +18,6 @@ from ultralytics.data import loaders
 import yolo_fastdetect
 from conftest import detecting_model
 from sources_corpus import write_images, write_video
-from yolo_fastdetect import sources
-from yolo_fastdetect.ops import jpeg_files
 from yolo_fastdetect.sources import FileLoader, OrderedPrefetch, PathListLoader
 from yolo_fastdetect.sources import path_list as path_list_module
 from yolo_fastdetect.sources import video as video_module
@@ -102,36 +101,43 @@ def test_prefetch_raises_the_error_at_its_item_and_stops():
         next(prefetch)
 
 
-@pytest.mark.parametrize("batch_decode", [False, True], ids=["per-image", "batch-decode"])
+def own_nice() -> int:
+    """The calling thread's nice value (Linux: each thread has its own)."""
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="Linux only: elsewhere a thread has no nice value of its own, and none is set")
+def test_prefetch_threads_run_five_nice_steps_below_the_caller():
+    """The decoder threads yield the CPU to the predictor's thread, which holds the GIL between its GPU calls."""
+    caller = own_nice()
+    with OrderedPrefetch(lambda _: own_nice(), range(8), threads=3, window=8) as seen:
+        assert list(seen) == [min(19, caller + 5)] * 8
+    assert own_nice() == caller  # the caller's own is untouched
+
+
 @pytest.mark.parametrize("loader", ["folder", "list"])
-def test_read_ahead_is_bounded(folder, monkeypatch, loader, batch_decode):
+def test_read_ahead_is_bounded(folder, monkeypatch, loader):
     """Memory stays flat: after the first batch, at most read_ahead batches (or one image per thread) have been
     decoded beyond it, whatever the length of the source."""
-    decoded = set()  # files decoded so far (one the batch decoder declines is decoded again, the loader's way)
-    stock_batch = jpeg_files.decode_jpeg_files
-    monkeypatch.setattr(jpeg_files, "decode_jpeg_files",
-                        lambda paths, *a: decoded.update(map(str, paths)) or stock_batch(paths, *a))
+    calls = []
     if loader == "folder":
         stock_imread = loaders.imread
-        monkeypatch.setattr(loaders, "imread", lambda path, **k: decoded.add(str(path)) or stock_imread(path, **k))
-        source = FileLoader(str(folder / "*.jpg"), batch=2, threads=2, read_ahead=2, batch_decode=batch_decode)
+        monkeypatch.setattr(loaders, "imread", lambda *a, **k: calls.append(1) or stock_imread(*a, **k))
+        source = FileLoader(str(folder / "*.jpg"), batch=2, threads=2, read_ahead=2)
     else:
         stock_autocast = path_list_module.autocast_list
-        monkeypatch.setattr(path_list_module, "autocast_list",
-                            lambda paths: decoded.update(map(str, paths)) or stock_autocast(paths))
-        source = PathListLoader(sorted(str(p) for p in folder.glob("*.jpg")), batch=2, threads=2, read_ahead=2,
-                                batch_decode=batch_decode)
+        monkeypatch.setattr(path_list_module, "autocast_list", lambda x: calls.append(1) or stock_autocast(x))
+        source = PathListLoader(sorted(str(p) for p in folder.glob("*.jpg")), batch=2, threads=2, read_ahead=2)
     batches = iter(source)
     paths, images, info = next(batches)
     assert len(images) == 2
     time.sleep(0.3)  # let the threads run as far ahead as they may
-    assert len(decoded) <= 2 + 2 * 2
+    assert len(calls) <= 2 + 2 * 2
     source.close()
 
 
-@pytest.mark.parametrize("batch_decode", ["0", "1"], ids=["per-image", "batch-decode"])
-def test_break_and_consumer_errors_stop_the_threads(model, folder, batch_decode, monkeypatch):
-    monkeypatch.setenv(sources.BATCH_DECODE_VARIABLE, batch_decode)
+def test_break_and_consumer_errors_stop_the_threads(model, folder):
     for _ in model.predict(str(folder), stream=True, batch=2, imgsz=IMGSZ, verbose=False):
         break
     assert loader_threads() == [] and open_files_under(folder) == []
@@ -149,9 +155,7 @@ def test_break_and_consumer_errors_stop_the_threads(model, folder, batch_decode,
     assert loader_threads() == []
 
 
-@pytest.mark.parametrize("batch_decode", ["0", "1"], ids=["per-image", "batch-decode"])
-def test_an_abandoned_stream_stops_its_threads(model, folder, batch_decode, monkeypatch):
-    monkeypatch.setenv(sources.BATCH_DECODE_VARIABLE, batch_decode)
+def test_an_abandoned_stream_stops_its_threads(model, folder):
     results = model.predict(str(folder), stream=True, batch=2, imgsz=IMGSZ, verbose=False)
     next(results)
     assert loader_threads()  # decoding ahead
@@ -170,24 +174,16 @@ def test_disable_mid_stream_finishes_the_stream(model, folder):
     assert [(r.path, r.orig_img.tobytes()) for r in ours] == stock
 
 
-@pytest.mark.parametrize("batch_decode", ["0", "1"], ids=["per-image", "batch-decode"])
-def test_decoder_errors_surface_in_the_caller(model, folder, monkeypatch, batch_decode):
+def test_decoder_errors_surface_in_the_caller(model, folder, monkeypatch):
     failing = sorted(folder.glob("*.jpg"))[5]
     stock_imread = loaders.imread
-    stock_batch = jpeg_files.decode_jpeg_files
 
     def imread(path, *args, **kwargs):
         if Path(path) == failing:
             raise OSError(f"disk error reading {path}")
         return stock_imread(path, *args, **kwargs)
 
-    def decode_jpeg_files(paths, *args):  # the batch decoder declines the file: imread (failing) takes it
-        images = stock_batch(paths, *args)
-        return [None if Path(path) == failing else image for path, image in zip(paths, images)]
-
-    monkeypatch.setenv(sources.BATCH_DECODE_VARIABLE, batch_decode)
     monkeypatch.setattr(loaders, "imread", imread)
-    monkeypatch.setattr(jpeg_files, "decode_jpeg_files", decode_jpeg_files)
     with pytest.raises(OSError, match="disk error"):
         list(model.predict(str(folder), stream=True, batch=2, imgsz=IMGSZ, verbose=False))
     monkeypatch.undo()

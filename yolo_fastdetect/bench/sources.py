@@ -11,9 +11,7 @@ and a 1080p mp4 clip of ``--frames`` frames. Then, in one process on one model (
   images already in memory at that batch size), and ours as a share of it; whether both detect the same (same
   paths in order, same box counts, largest distance from one of our boxes to stock's nearest of its class);
 - ``--sources`` picks the cases (``list``, ``folder``, ``video``); ``--gpu-jpeg`` also times ours on the folder with
-  ``YOLO_FASTDETECT_GPU_JPEG=1`` (nvJPEG, opt-in: not stock's pixels, so its detections are compared too), and
-  ``--batch-decode`` ours on the list and the folder with ``YOLO_FASTDETECT_BATCH_DECODE=1`` (opt-in), in the same
-  run as the rows they compare with;
+  ``YOLO_FASTDETECT_GPU_JPEG=1`` (nvJPEG, opt-in: not stock's pixels, so its detections are compared too);
 - peak host memory of loading a list of ``--memory-paths`` paths (640x480 files, repeated): stock's loader (which
   decodes the whole list first) against ours, each in a fresh process.
 """
@@ -143,9 +141,9 @@ def make_data(root: Path, args) -> dict[str, list[Path]]:
 
 def opt_ins() -> list[tuple[str, str, tuple[str, ...]]]:
     """The opt-in rows: their key (in a row, and the flag's name), the variable that turns them on, the cases."""
-    from yolo_fastdetect.sources import BATCH_DECODE_VARIABLE, GPU_JPEG_VARIABLE
+    from yolo_fastdetect.sources import GPU_JPEG_VARIABLE
 
-    return [("gpu_jpeg", GPU_JPEG_VARIABLE, ("folder",)), ("batch_decode", BATCH_DECODE_VARIABLE, ("list", "folder"))]
+    return [("gpu_jpeg", GPU_JPEG_VARIABLE, ("folder",))]
 
 
 def run(args) -> list[dict]:
@@ -235,8 +233,6 @@ def main(argv: list[str] | None = None) -> None:
     kinds = ["list", "folder", "video"]
     parser.add_argument("--sources", nargs="+", default=kinds, choices=kinds, help="which cases to run")
     parser.add_argument("--gpu-jpeg", action="store_true", help="also time the folder with nvJPEG decoding (opt-in)")
-    parser.add_argument("--batch-decode", action="store_true",
-                        help="also time the list and the folder with YOLO_FASTDETECT_BATCH_DECODE=1 (opt-in)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--memory-paths", type=int, default=2000, help="0 skips the memory measurement")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])

@@ -1,7 +1,6 @@
 """Typed wrappers over the ``torch.ops.yolo_fastdetect`` operators, with their fake kernels and references."""
 
 from .detect_decode import detect_decode, detect_decode_reference
-from .jpeg_files import decode_jpeg_files
 from .letterbox import LetterboxGeometry, letterbox, letterbox_geometry, scale_boxes_batch
 from .multiscale_roi_align import MultiScaleRoIAlign, fpn_levels, multiscale_roi_align
 from .nms import batched_nms, non_max_suppression, non_max_suppression_reference
@@ -13,7 +12,6 @@ __all__ = [
     "RoIAlign",
     "batched_nms",
     "boxes_to_rois",
-    "decode_jpeg_files",
     "detect_decode",
     "detect_decode_reference",
     "fpn_levels",

@@ -1,7 +1,5 @@
 """The rows of one Ray Data batch, decoded on the package's parallel decoder (:class:`~yolo_fastdetect.sources.
-OrderedPrefetch`), each exactly as a folder source decodes the file (Ultralytics' ``imread``). With
-``YOLO_FASTDETECT_BATCH_DECODE=1`` (opt-in, as for file sources) the JPEGs of the rows given by path decode in one
-call outside the GIL (:mod:`yolo_fastdetect.sources.batch_decode`), which the actor's ``model.predict`` shares.
+OrderedPrefetch`), each exactly as a folder source decodes the file (Ultralytics' ``imread``).
 
 A row is a path, or a path and the file's bytes (what ``ray.data.read_binary_files(..., include_paths=True)`` gives).
 A row that cannot be decoded becomes an error message instead of an image: one bad file must not fail the batch.
@@ -20,8 +18,7 @@ import numpy as np
 
 # files._decode is the folder source's decode: Ultralytics' imread, PIL plugins kept serial (no upload-ahead here:
 # the actor hands model.predict decoded arrays).
-from .. import sources
-from ..sources import OrderedPrefetch, batch_decode, files
+from ..sources import OrderedPrefetch, files
 
 
 def decode_bytes(data: bytes, path: str, flags: int = cv2.IMREAD_COLOR) -> np.ndarray | None:
@@ -54,12 +51,6 @@ def _decode_row(row: tuple[str, bytes | None], flags: int) -> np.ndarray | str:
     return f"image read error: {path}"  # stock's words for a file that does not decode
 
 
-def _row_jpeg_file(row: tuple[str, bytes | None]) -> str | None:
-    """The file of a row given by path that the batch decoder may take (see ``files._jpeg_file``), else None."""
-    path, data = row
-    return files._jpeg_file(path) if data is None else None
-
-
 def decode_rows(paths: Sequence[str], contents: Sequence[bytes | None] | None, channels: int = 3,
                 threads: int = 1) -> list[np.ndarray | str]:
     """Each row's BGR (or, for ``channels=1``, gray) image, or an error message, in the rows' order.
@@ -76,12 +67,5 @@ def decode_rows(paths: Sequence[str], contents: Sequence[bytes | None] | None, c
     """
     flags = cv2.IMREAD_GRAYSCALE if channels == 1 else cv2.IMREAD_COLOR
     rows = list(zip(paths, contents if contents is not None else [None] * len(paths)))
-    decode = partial(_decode_row, flags=flags)
-    if channels == 3 and sources.batch_decoding():
-        decoder = batch_decode.BatchDecoder(decode, _row_jpeg_file, lambda row, image: image, True, threads, threads)
-        try:
-            return decoder(rows)
-        finally:
-            decoder.close()
-    with OrderedPrefetch(decode, rows, threads, window=len(rows)) as decoded:
+    with OrderedPrefetch(partial(_decode_row, flags=flags), rows, threads, window=len(rows)) as decoded:
         return list(decoded)

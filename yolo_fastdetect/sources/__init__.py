@@ -15,8 +15,6 @@ Settings (environment variables, read when a loader is made):
   the JPEGs it decodes to the same bytes, see :mod:`.path_list`);
 - ``YOLO_FASTDETECT_UPLOAD_AHEAD=0``: at batch 1 too, the predictor's thread uploads each image to the GPU (by
   default the decoder threads do, see :mod:`.upload`);
-- ``YOLO_FASTDETECT_BATCH_DECODE=1`` (opt-in until measured faster on the GPU host): wherever the decoder threads do
-  not upload ahead, a batch's JPEGs decode together outside the GIL, to OpenCV's bytes (:mod:`.batch_decode`);
 - ``YOLO_FASTDETECT_GPU_JPEG=1`` (opt-in; not stock's pixels): a folder's, glob's or ``.txt``/``.csv`` list's baseline
   JPEGs decode on the GPU with nvJPEG (:mod:`.gpu_jpeg`); Python lists of paths keep the CPU.
 """
@@ -28,15 +26,14 @@ from pathlib import Path
 
 import torch
 
-from . import batch_decode
 from .files import FileLoader
 from .path_list import PathListLoader
 from .prefetch import OrderedPrefetch
 from .upload import Uploads
 from .video import VideoReader
 
-__all__ = ["FileLoader", "OrderedPrefetch", "PathListLoader", "Uploads", "VideoReader", "batch_decoding",
-           "decode_threads", "file_loader", "read_ahead"]
+__all__ = ["FileLoader", "OrderedPrefetch", "PathListLoader", "Uploads", "VideoReader", "decode_threads", "file_loader",
+           "read_ahead"]
 
 SOURCES_VARIABLE = "YOLO_FASTDETECT_SOURCES"
 THREADS_VARIABLE = "YOLO_FASTDETECT_DECODE_THREADS"
@@ -44,7 +41,6 @@ READ_AHEAD_VARIABLE = "YOLO_FASTDETECT_READ_AHEAD"
 LIST_OPENCV_VARIABLE = "YOLO_FASTDETECT_LIST_OPENCV"
 UPLOAD_AHEAD_VARIABLE = "YOLO_FASTDETECT_UPLOAD_AHEAD"
 GPU_JPEG_VARIABLE = "YOLO_FASTDETECT_GPU_JPEG"
-BATCH_DECODE_VARIABLE = "YOLO_FASTDETECT_BATCH_DECODE"
 # Upload-ahead pays where the predictor's thread bounds the pipeline, and costs where the decoders do (they take on
 # the copies). H200, 256 JPEGs up to 4K and a 720p clip, 15 decoder threads, with / without: folder batch 1 217 / 195
 # img/s, video batch 1 293 / 238 FPS; folder batch 16 428 / 413, batch 64 446 / 503, list batch 64 449 / 465, video
@@ -80,12 +76,6 @@ def read_ahead() -> int:
     return _positive_int(READ_AHEAD_VARIABLE, 2)
 
 
-def batch_decoding() -> bool:
-    """Whether a batch's JPEGs decode in one call outside the GIL: ``YOLO_FASTDETECT_BATCH_DECODE=1`` (opt-in) and
-    the batch decoder can run (:func:`.batch_decode.available`)."""
-    return os.environ.get(BATCH_DECODE_VARIABLE, "0") == "1" and batch_decode.available()
-
-
 def _is_local_path(source: object) -> bool:
     """Whether ``check_source`` would send ``source`` to ``LoadImagesAndVideos`` (not a webcam, stream, URL or
     screenshot)."""
@@ -114,8 +104,7 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3,
         return None
     upload = batch <= UPLOAD_AHEAD_MAX_BATCH and os.environ.get(UPLOAD_AHEAD_VARIABLE, "1") != "0"
     options = {"batch": batch, "channels": channels, "threads": decode_threads(), "read_ahead": read_ahead(),
-               "upload_to": device if upload else None,
-               "batch_decode": batch_decoding()}
+               "upload_to": device if upload else None}
     if _is_local_path(source):
         gpu_jpeg = device if os.environ.get(GPU_JPEG_VARIABLE, "0") == "1" else None
         return FileLoader(source, vid_stride=vid_stride, gpu_jpeg=gpu_jpeg, **options)

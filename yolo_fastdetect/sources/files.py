@@ -22,9 +22,8 @@ import torch
 from ultralytics.data import loaders
 from ultralytics.data.loaders import LoadImagesAndVideos, SourceTypes
 
-from .batch_decode import batched_prefetch
 from .gpu_jpeg import EncodedJpeg, decode_on_gpu, read_for_gpu
-from .prefetch import Flattened, OrderedPrefetch
+from .prefetch import OrderedPrefetch
 from .upload import Uploads, loader_uploads
 from .video import VIDEO_END, VideoReader, VideoStart
 
@@ -42,12 +41,6 @@ def _decode(path: str, flags: int, uploads: Uploads | None) -> np.ndarray | None
     else:
         image = loaders.imread(path, flags=flags)
     return image if uploads is None else uploads.put(image)
-
-
-def _jpeg_file(path: str) -> str | None:
-    """``path`` where ``imread`` decodes it with ``cv2.imdecode`` alone (not a TIFF, not a suffix it hands to
-    Pillow), so that the batch decoder may take it; else None."""
-    return None if Path(path).suffix.lower() in (".tif", ".tiff", *loaders.PIL_FALLBACK_SUFFIXES) else path
 
 
 def _read_or_decode(path: str, flags: int, uploads: Uploads | None) -> EncodedJpeg | np.ndarray | None:
@@ -73,8 +66,6 @@ class FileLoader(LoadImagesAndVideos):
             (:mod:`.upload`; the copies ride in :attr:`uploads`), or None.
         gpu_jpeg (torch.device | None): A CUDA device to decode the baseline JPEGs on (:mod:`.gpu_jpeg`, opt-in:
             not stock's pixels), or None.
-        batch_decode (bool): Decode a batch's JPEGs at a time outside the GIL (:mod:`.batch_decode`; color images,
-            not with ``upload_to`` or ``gpu_jpeg``).
 
     Examples:
         >>> for paths, images, info in FileLoader("path/to/folder", batch=16, threads=8, read_ahead=2):
@@ -82,8 +73,7 @@ class FileLoader(LoadImagesAndVideos):
     """
 
     def __init__(self, path, batch: int = 1, vid_stride: int = 1, channels: int = 3, threads: int = 1,
-                 read_ahead: int = 2, upload_to: torch.device | None = None, gpu_jpeg: torch.device | None = None,
-                 batch_decode: bool = False):
+                 read_ahead: int = 2, upload_to: torch.device | None = None, gpu_jpeg: torch.device | None = None):
         super().__init__(path, batch=batch, vid_stride=vid_stride, channels=channels)
         if self.cap:  # stock opened the first video to read its fps and frame count; the reader opens its own
             self.cap.release()
@@ -92,8 +82,7 @@ class FileLoader(LoadImagesAndVideos):
         self.threads, self.read_ahead = threads, read_ahead
         self.uploads = loader_uploads(upload_to or gpu_jpeg, batch, threads, read_ahead)
         self._upload_ahead, self._gpu_jpeg = upload_to is not None, gpu_jpeg is not None
-        self._batch_decode = (batch_decode and channels == 3 and not self._upload_ahead and not self._gpu_jpeg)
-        self._images: OrderedPrefetch | Flattened | None = None
+        self._images: OrderedPrefetch | None = None
         self._videos: VideoReader | None = None
         self._in_video = False
 
@@ -103,12 +92,8 @@ class FileLoader(LoadImagesAndVideos):
         if self.ni:
             decode = partial(_read_or_decode if self._gpu_jpeg else _decode, flags=self.cv2_flag,
                              uploads=self.uploads if self._upload_ahead else None)
-            if self._batch_decode:
-                self._images = batched_prefetch(self.files[: self.ni], self.bs, self.read_ahead, self.threads, decode,
-                                                _jpeg_file, lambda path, image: image, apply_exif_orientation=True)
-            else:
-                window = max(self.read_ahead * self.bs, self.threads)
-                self._images = OrderedPrefetch(decode, self.files[: self.ni], self.threads, window)
+            window = max(self.read_ahead * self.bs, self.threads)
+            self._images = OrderedPrefetch(decode, self.files[: self.ni], self.threads, window)
         if self.nf > self.ni:
             gray = self.cv2_flag == cv2.IMREAD_GRAYSCALE
             self._videos = VideoReader(self.files[self.ni :], self.vid_stride, gray, self.read_ahead * self.bs,

@@ -37,9 +37,8 @@ import torch
 from PIL import ExifTags, Image
 from ultralytics.data.loaders import LoadPilAndNumpy, SourceTypes, autocast_list
 
-from .batch_decode import batched_prefetch
 from .jpeg_bytes import ends_in_eoi
-from .prefetch import Flattened, OrderedPrefetch
+from .prefetch import OrderedPrefetch
 from .upload import Uploads, loader_uploads
 
 _TRANSPOSING_ORIENTATIONS = (5, 6, 7, 8)  # EXIF orientations that exif_transpose turns by 90 degrees
@@ -88,17 +87,6 @@ def _decode(
     return name, image if uploads is None else uploads.put(image)
 
 
-def _jpeg_file(entry: tuple[int, str | Path, bool]) -> str | None:
-    """The file of a list entry that takes the OpenCV route, for the batch decoder (which then gives OpenCV's
-    bytes, EXIF orientation ignored as there); None for one that takes Pillow's."""
-    return os.fspath(entry[1]) if entry[2] else None
-
-
-def _named(entry: tuple[int, str | Path, bool], image: np.ndarray) -> tuple[str, np.ndarray]:
-    """:func:`_decode`'s result for an entry the batch decoder decoded."""
-    return os.fspath(entry[1]), image
-
-
 class PathListLoader(LoadPilAndNumpy):
     """Batches of ``batch`` images from a list of paths, decoded on ``threads`` threads up to ``read_ahead`` batches
     (at least one image per thread) ahead.
@@ -113,8 +101,7 @@ class PathListLoader(LoadPilAndNumpy):
     """
 
     def __init__(self, paths: Sequence[str | Path], batch: int = 1, channels: int = 3, threads: int = 1,
-                 read_ahead: int = 2, opencv_jpeg: bool = True, upload_to: torch.device | None = None,
-                 batch_decode: bool = False):
+                 read_ahead: int = 2, opencv_jpeg: bool = True, upload_to: torch.device | None = None):
         # LoadPilAndNumpy.__init__ is not called: it would hold every decoded image.
         self.sources = list(paths)
         self.bs, self.channels, self.threads, self.read_ahead = batch, channels, threads, read_ahead
@@ -127,8 +114,7 @@ class PathListLoader(LoadPilAndNumpy):
         self._entries = [(i, path, opencv and p.opencv_decodes) for i, (path, p) in
                          enumerate(zip(self.sources, probes))]
         self.uploads = loader_uploads(upload_to, batch, threads, read_ahead)
-        self._batch_decode = batch_decode and opencv and upload_to is None  # (:mod:`.batch_decode`)
-        self._images: OrderedPrefetch | Flattened | None = None
+        self._images: OrderedPrefetch | None = None
 
     def __len__(self) -> int:
         return len(self.sources)  # as LoadPilAndNumpy: the images, which setup_source compares with 1000
@@ -137,12 +123,8 @@ class PathListLoader(LoadPilAndNumpy):
         self.close()
         self.count = 0
         decode = partial(_decode, channels=self.channels, uploads=self.uploads)
-        if self._batch_decode:
-            self._images = batched_prefetch(self._entries, self.bs, self.read_ahead, self.threads, decode, _jpeg_file,
-                                            _named, apply_exif_orientation=False)
-        else:
-            window = max(self.read_ahead * self.bs, self.threads)
-            self._images = OrderedPrefetch(decode, self._entries, self.threads, window)
+        window = max(self.read_ahead * self.bs, self.threads)
+        self._images = OrderedPrefetch(decode, self._entries, self.threads, window)
         return self
 
     def __next__(self) -> tuple[list[str], list[np.ndarray], list[str]]:
