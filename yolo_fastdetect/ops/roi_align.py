@@ -243,7 +243,12 @@ def roi_align_reference(
         ys = sample_coordinates(y1, bin_height, pooled_height, grid_h)
         xs = sample_coordinates(x1, bin_width, pooled_width, grid_w)
         samples = _bilinear(input[int(batch_index)], ys, xs).view(channels, pooled_height, grid_h, pooled_width, grid_w)
-        outputs.append(samples.amax((2, 4)) if max_mode else samples.mean((2, 4)))
+        if max_mode:  # the first largest sample (row-major in the bin's grid), as the kernels' argmax: its gradient
+            # goes to that one sample, where amax would split it between equal samples
+            grid = samples.permute(0, 1, 3, 2, 4).reshape(channels, pooled_height, pooled_width, grid_h * grid_w)
+            outputs.append(grid.gather(-1, grid.argmax(-1, keepdim=True)).squeeze(-1))
+        else:
+            outputs.append(samples.mean((2, 4)))
     if not outputs:
         return input.new_zeros((0, channels, pooled_height, pooled_width))
     return torch.stack(outputs)
