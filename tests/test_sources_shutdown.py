@@ -13,12 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from ultralytics.data import loaders
 
 import yolo_fastdetect
 from conftest import detecting_model
 from sources_corpus import write_images, write_video
-from yolo_fastdetect.sources import FileLoader, OrderedPrefetch, PathListLoader
+from yolo_fastdetect.sources import FileLoader, OrderedPrefetch, PathListLoader, file_loader
 from yolo_fastdetect.sources import path_list as path_list_module
 from yolo_fastdetect.sources import video as video_module
 
@@ -106,14 +107,34 @@ def own_nice() -> int:
     return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"),
-                    reason="Linux only: elsewhere a thread has no nice value of its own, and none is set")
-def test_prefetch_threads_run_five_nice_steps_below_the_caller():
-    """The decoder threads yield the CPU to the predictor's thread, which holds the GIL between its GPU calls."""
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="Linux only: elsewhere a thread has no nice value of its own, and none is set")
+
+
+@linux_only
+def test_prefetch_threads_run_five_nice_steps_below_the_caller_where_asked():
+    """The decoder threads of a GPU predictor yield the CPU to its thread, which holds the GIL between its GPU calls;
+    by default they run as the caller."""
     caller = own_nice()
-    with OrderedPrefetch(lambda _: own_nice(), range(8), threads=3, window=8) as seen:
+    with OrderedPrefetch(lambda _: own_nice(), range(8), threads=3, window=8, lower_priority=True) as seen:
         assert list(seen) == [min(19, caller + 5)] * 8
+    with OrderedPrefetch(lambda _: own_nice(), range(8), threads=3, window=8) as seen:
+        assert list(seen) == [caller] * 8
     assert own_nice() == caller  # the caller's own is untouched
+
+
+@linux_only
+@pytest.mark.parametrize("device", [None, "cuda"], ids=["cpu-predictor", "gpu-predictor"])
+def test_file_sources_decode_below_a_gpu_predictor_only(folder, monkeypatch, device):
+    """file_loader gets the predictor's device where it letterboxes on a GPU: only then do the decoders yield (on a CPU
+    predictor the network's own threads do the work). No GPU is touched: at batch 2 nothing is uploaded ahead."""
+    seen = []
+    stock_imread = loaders.imread
+    monkeypatch.setattr(loaders, "imread", lambda *a, **k: seen.append(own_nice()) or stock_imread(*a, **k))
+    loader = file_loader(str(folder / "*.jpg"), batch=2, device=None if device is None else torch.device(device))
+    assert sum(len(images) for _, images, _ in loader) > 0
+    caller = own_nice()
+    assert set(seen) == {min(19, caller + 5) if device else caller}
 
 
 @pytest.mark.parametrize("loader", ["folder", "list"])

@@ -52,7 +52,7 @@ def _decode_row(row: tuple[str, bytes | None], flags: int) -> np.ndarray | str:
 
 
 def decode_rows(paths: Sequence[str], contents: Sequence[bytes | None] | None, channels: int = 3,
-                threads: int = 1) -> list[np.ndarray | str]:
+                threads: int = 1, lower_priority: bool = False) -> list[np.ndarray | str]:
     """Each row's BGR (or, for ``channels=1``, gray) image, or an error message, in the rows' order.
 
     Args:
@@ -60,6 +60,8 @@ def decode_rows(paths: Sequence[str], contents: Sequence[bytes | None] | None, c
         contents: The rows' file bytes, or None to read each file from its path.
         channels: Image channels of the model (1 grayscale, 3 BGR).
         threads: Decoder threads.
+        lower_priority: Decoder threads below the caller's priority (Linux; for an actor predicting on a GPU, see
+            :class:`~yolo_fastdetect.sources.OrderedPrefetch`).
 
     Examples:
         >>> decode_rows(["bus.jpg", "missing.jpg"], None, threads=2)[1]
@@ -67,5 +69,5 @@ def decode_rows(paths: Sequence[str], contents: Sequence[bytes | None] | None, c
     """
     flags = cv2.IMREAD_GRAYSCALE if channels == 1 else cv2.IMREAD_COLOR
     rows = list(zip(paths, contents if contents is not None else [None] * len(paths)))
-    with OrderedPrefetch(partial(_decode_row, flags=flags), rows, threads, window=len(rows)) as decoded:
+    with OrderedPrefetch(partial(_decode_row, flags=flags), rows, threads, len(rows), lower_priority) as decoded:
         return list(decoded)

@@ -84,12 +84,13 @@ class Predictor:
         self.threads = decode_threads or default_threads()
         device = device or ("cuda:0" if torch.cuda.is_available() else "cpu")
         self.predict_args = {"verbose": False, **predict_args, "device": device}
+        self._on_gpu = not str(device).lower().startswith(("cpu", "mps"))  # "cuda:0", or Ultralytics' "0"
         self._model_lock = threading.Lock()
 
     def __call__(self, batch: dict[str, np.ndarray]) -> pa.Table:
         """The detections of ``batch`` (columns ``path``, optionally ``bytes``), one row per input row."""
         paths = [str(path) for path in batch["path"]]
-        decoded = decode_rows(paths, batch.get("bytes"), self.channels, self.threads)
+        decoded = decode_rows(paths, batch.get("bytes"), self.channels, self.threads, lower_priority=self._on_gpu)
         by_size = defaultdict(list)  # image shape -> row indices
         for index, image in enumerate(decoded):
             if not isinstance(image, str):

@@ -66,6 +66,8 @@ class FileLoader(LoadImagesAndVideos):
             (:mod:`.upload`; the copies ride in :attr:`uploads`), or None.
         gpu_jpeg (torch.device | None): A CUDA device to decode the baseline JPEGs on (:mod:`.gpu_jpeg`, opt-in:
             not stock's pixels), or None.
+        lower_priority (bool): Decoder threads below the caller's priority (:class:`.OrderedPrefetch`; for a
+            predictor on a GPU).
 
     Examples:
         >>> for paths, images, info in FileLoader("path/to/folder", batch=16, threads=8, read_ahead=2):
@@ -73,13 +75,14 @@ class FileLoader(LoadImagesAndVideos):
     """
 
     def __init__(self, path, batch: int = 1, vid_stride: int = 1, channels: int = 3, threads: int = 1,
-                 read_ahead: int = 2, upload_to: torch.device | None = None, gpu_jpeg: torch.device | None = None):
+                 read_ahead: int = 2, upload_to: torch.device | None = None, gpu_jpeg: torch.device | None = None,
+                 lower_priority: bool = False):
         super().__init__(path, batch=batch, vid_stride=vid_stride, channels=channels)
         if self.cap:  # stock opened the first video to read its fps and frame count; the reader opens its own
             self.cap.release()
             self.cap = None
         self.source_type = SourceTypes()  # what load_inference_source gives a file source: no stream, no arrays
-        self.threads, self.read_ahead = threads, read_ahead
+        self.threads, self.read_ahead, self.lower_priority = threads, read_ahead, lower_priority
         self.uploads = loader_uploads(upload_to or gpu_jpeg, batch, threads, read_ahead)
         self._upload_ahead, self._gpu_jpeg = upload_to is not None, gpu_jpeg is not None
         self._images: OrderedPrefetch | None = None
@@ -93,7 +96,7 @@ class FileLoader(LoadImagesAndVideos):
             decode = partial(_read_or_decode if self._gpu_jpeg else _decode, flags=self.cv2_flag,
                              uploads=self.uploads if self._upload_ahead else None)
             window = max(self.read_ahead * self.bs, self.threads)
-            self._images = OrderedPrefetch(decode, self.files[: self.ni], self.threads, window)
+            self._images = OrderedPrefetch(decode, self.files[: self.ni], self.threads, window, self.lower_priority)
         if self.nf > self.ni:
             gray = self.cv2_flag == cv2.IMREAD_GRAYSCALE
             self._videos = VideoReader(self.files[self.ni :], self.vid_stride, gray, self.read_ahead * self.bs,

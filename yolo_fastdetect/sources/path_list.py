@@ -94,6 +94,8 @@ class PathListLoader(LoadPilAndNumpy):
     Attributes:
         same_shapes (bool): Whether every image of the list has one (upright) size, as stock's single batch sees it.
         uploads (Uploads | None): The images' copies on ``upload_to``, a CUDA device (:mod:`.upload`), or None.
+        lower_priority (bool): Whether the decoder threads run below the caller's priority (:class:`.OrderedPrefetch`;
+            for a predictor on a GPU).
 
     Examples:
         >>> for paths, images, info in PathListLoader(["a.jpg", "b.jpg"], batch=2, threads=2, read_ahead=2):
@@ -101,10 +103,12 @@ class PathListLoader(LoadPilAndNumpy):
     """
 
     def __init__(self, paths: Sequence[str | Path], batch: int = 1, channels: int = 3, threads: int = 1,
-                 read_ahead: int = 2, opencv_jpeg: bool = True, upload_to: torch.device | None = None):
+                 read_ahead: int = 2, opencv_jpeg: bool = True, upload_to: torch.device | None = None,
+                 lower_priority: bool = False):
         # LoadPilAndNumpy.__init__ is not called: it would hold every decoded image.
         self.sources = list(paths)
         self.bs, self.channels, self.threads, self.read_ahead = batch, channels, threads, read_ahead
+        self.lower_priority = lower_priority
         self.mode, self.count = "image", 0
         self.source_type = SourceTypes()  # log lines carry their list index in ``info`` (see the module docstring)
         with ThreadPoolExecutor(max(1, min(threads, len(self.sources)))) as pool:
@@ -124,7 +128,7 @@ class PathListLoader(LoadPilAndNumpy):
         self.count = 0
         decode = partial(_decode, channels=self.channels, uploads=self.uploads)
         window = max(self.read_ahead * self.bs, self.threads)
-        self._images = OrderedPrefetch(decode, self._entries, self.threads, window)
+        self._images = OrderedPrefetch(decode, self._entries, self.threads, window, self.lower_priority)
         return self
 
     def __next__(self) -> tuple[list[str], list[np.ndarray], list[str]]:

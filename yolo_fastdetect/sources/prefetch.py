@@ -2,8 +2,9 @@
 
 Decoding a JPEG with OpenCV or Pillow releases the GIL, so threads decode in parallel while the predictor's thread
 runs the GPU. :class:`OrderedPrefetch` keeps at most ``window`` items in flight and returns the results in the
-items' order, so memory stays bounded on a source of any length and a consumer sees exactly the serial order. On
-Linux its threads run at a lower priority than the thread that makes them (nice +5, :func:`_below_the_caller`).
+items' order, so memory stays bounded on a source of any length and a consumer sees exactly the serial order. For
+a predictor on a GPU its threads run at a lower priority than the thread that makes them (Linux: nice +5,
+:func:`_below_the_caller`).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from typing import Generic, TypeVar
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 _END = object()  # no more items
-# Nice value the decoder threads add to their own (Linux). The predictor's thread holds the GIL between its GPU calls;
-# a decoder thread that preempts it on a busy CPU stalls every Python thread. H200 host, same run at d4c927f, +5
-# against none: folder batch 64 535 vs 491 img/s (the loader alone 955 vs 908), batch 16 485 vs 483.
+# Nice value the decoder threads of a GPU predictor add to their own (Linux). The predictor's thread holds the GIL
+# between its GPU calls; a decoder thread that preempts it on a busy CPU stalls every Python thread. H200 host, same
+# run at d4c927f, +5 against none: folder batch 64 535 vs 491 img/s (the loader alone 955 vs 908), batch 16 485 vs
+# 483. On a CPU predictor the network's own threads do the work, and the decoders would only lose their share.
 DECODER_NICE_INCREMENT = 5
 
 
@@ -56,7 +58,8 @@ class OrderedPrefetch(Generic[Item, Result]):
     order. An exception raised by ``function`` is raised by the ``next()`` that reaches its item.
 
     The threads are owned by this object: they are joined when it is exhausted, on :meth:`close`, when a result
-    raises, and when the object is garbage-collected.
+    raises, and when the object is garbage-collected. ``lower_priority``: they run
+    :data:`DECODER_NICE_INCREMENT` nice steps below the caller (Linux; for a predictor on a GPU).
 
     Examples:
         >>> with OrderedPrefetch(str.upper, ["a", "b", "c"], threads=2, window=2) as upper:
@@ -64,13 +67,14 @@ class OrderedPrefetch(Generic[Item, Result]):
         ['A', 'B', 'C']
     """
 
-    def __init__(self, function: Callable[[Item], Result], items: Iterable[Item], threads: int, window: int):
+    def __init__(self, function: Callable[[Item], Result], items: Iterable[Item], threads: int, window: int,
+                 lower_priority: bool = False):
         self._function = function
         self._items: Iterator[Item] = iter(items)
         self._window = max(1, window)
         self._pending: deque[Future] = deque()
         self._executor = ThreadPoolExecutor(max(1, threads), thread_name_prefix="yolo_fastdetect_decode",
-                                            initializer=_below_the_caller)
+                                            initializer=_below_the_caller if lower_priority else None)
         self._finalizer = weakref.finalize(self, _shut_down, self._executor, self._pending)
         self._fill()
 
