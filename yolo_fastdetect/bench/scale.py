@@ -96,7 +96,7 @@ def run(args) -> dict:
                 if name == "full":
                     ours = boxes
         full, one_batch = statistics.median(runs["full"]), statistics.median(runs["one batch"])
-    steady = (args.images - args.batch) / (full - one_batch)
+    steady = (args.images - args.batch) / (full - one_batch) if full > one_batch else float("nan")
     spread = max(runs["one batch"]) - min(runs["one batch"])
     if full - one_batch <= spread:
         print(f"  warning: the steady rate says little here: the runs' fixed cost varied by {spread:.1f} s, more than "
