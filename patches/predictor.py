@@ -149,10 +149,11 @@ def replayed_backend(predictor: DetectionPredictor) -> AutoBackend | None:
     return model if isinstance(model, AutoBackend) else None
 
 
-def graphs_apply(predictor: DetectionPredictor, im: torch.Tensor) -> bool:
-    """Whether ``predictor.inference(im)`` may replay a CUDA graph of the stock call ``predictor.model(im, ...)``."""
+def graphed_backend(predictor: DetectionPredictor, im: torch.Tensor) -> AutoBackend | None:
+    """The backend whose stock call ``predictor.model(im, ...)`` ``predictor.inference(im)`` may replay from a CUDA
+    graph (see :func:`replayed_backend`), or None where the stock method must run."""
     args, backend = predictor.args, replayed_backend(predictor)
-    return (
+    replayable = (
         os.environ.get(GRAPHS_VARIABLE, "1") != "0"
         and isinstance(im, torch.Tensor)
         and im.is_cuda
@@ -164,14 +165,16 @@ def graphs_apply(predictor: DetectionPredictor, im: torch.Tensor) -> bool:
         and not backend.model.training
         and not torch.is_grad_enabled()
     )
+    return backend if replayable else None
 
 
 def inference(self: DetectionPredictor, im: torch.Tensor, *args, **kwargs):
     """``BasePredictor.inference`` replayed from a CUDA graph per input shape; the stock method where that does not
     apply. The outputs are overwritten by the next replay of the same shape (see the module docstring)."""
-    if args or kwargs or not graphs_apply(self, im):
+    backend = None if args or kwargs else graphed_backend(self, im)
+    if backend is None:
         return _stock(self, "inference")(im, *args, **kwargs)
-    model, backend, augment, embed = self.model, replayed_backend(self), self.args.augment, self.args.embed
+    model, augment, embed = self.model, self.args.augment, self.args.embed
     network = backend.model
     head = network.model[-1]
     # stream_inference sets these on end-to-end heads at every run, and their forward reads them as Python values.
