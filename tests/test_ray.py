@@ -23,10 +23,11 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]' (the [ray] extra)")
 import pyarrow.parquet as pq  # noqa: E402 - Ray's dependency, only there with it
+from ray.data.block import BlockAccessor  # noqa: E402
 
 from conftest import detecting_model, subprocess_env  # noqa: E402
 from yolo_fastdetect.bench._source_data import write_jpegs  # noqa: E402
-from yolo_fastdetect.ray import Predictor, predict_dataset, written  # noqa: E402
+from yolo_fastdetect.ray import Predictor, decode_batch, decode_rows, predict_dataset, written  # noqa: E402
 
 IMGSZ = 160  # small inputs keep 2 CPU cores fast enough; nothing here depends on the size
 SIZES = ((320, 240), (256, 192), (240, 320))
@@ -100,19 +101,55 @@ def assert_rows_match(rows: dict[str, dict], expected: dict[str, tuple], folder:
         assert row["error"] == f"image read error: {folder / name}" and row["conf"] == [] and row["width"] is None
 
 
+def as_ray_batch(table) -> dict[str, np.ndarray]:
+    """A block as the next stage's ``batch_format="numpy"`` batch (Ray's own conversion)."""
+    return BlockAccessor.for_block(table).to_batch_format("numpy")
+
+
 def test_predictor_rows_match_predict(model, folder, expected):
-    """The map_batches class on its own, in this process: a mixed batch of paths, of bytes, and a missing file."""
+    """The map_batches class on its own, in this process: a mixed batch of paths, of bytes, and a missing file; and
+    the same batch decoded ahead (``decode_batch``, then Ray's Arrow round trip), which it predicts as it is (its
+    paths renamed to files that do not exist: nothing is read again)."""
     paths = sorted(str(p) for p in folder.iterdir()) + [str(folder / "missing.jpg")]
     predictor = Predictor(model, imgsz=IMGSZ, decode_threads=2)
     by_path = predictor({"path": np.array(paths, dtype=object)})
     contents = np.array([Path(p).read_bytes() for p in paths[:-1]] + [b""], dtype=object)
     by_bytes = predictor({"path": np.array(paths, dtype=object), "bytes": contents})
+    decoded = as_ray_batch(decode_batch({"path": np.array(paths, dtype=object)}))
+    by_decoded = predictor({**decoded, "path": np.array([f"{path}.gone" for path in paths], dtype=object)})
 
     rows = {row["path"]: row for row in by_path.to_pylist()}
     assert rows.pop(paths[-1])["error"] == f"file not found: {paths[-1]}"
     assert_rows_match(rows, expected, folder)
     assert by_bytes.drop_columns("error").equals(by_path.drop_columns("error"))
     assert by_bytes["error"].to_pylist()[:-1] == by_path["error"].to_pylist()[:-1]
+    assert by_decoded.drop_columns("path").equals(by_path.drop_columns("path"))
+
+
+@pytest.mark.parametrize("channels", [3, 1])
+def test_decode_batch_is_decode_rows(folder, channels):
+    """The decode stage's rows, after Ray's Arrow round trip: the images of ``decode_rows`` (gray for a grayscale
+    model), an empty image and the message for each row that failed (corrupt, empty, missing, bytes of nothing),
+    no ``bytes`` column; images of one size come as one array, of several sizes as one per row."""
+    paths = sorted(str(p) for p in folder.iterdir()) + [str(folder / "missing.jpg")]
+    contents = [None if index % 2 else Path(path).read_bytes() for index, path in enumerate(paths[:-1])] + [b""]
+    reference = decode_rows(paths, contents, channels)
+    batch = {"path": np.array(paths, dtype=object), "bytes": np.array(contents, dtype=object)}
+    decoded = as_ray_batch(decode_batch(batch, channels))
+    assert sorted(decoded) == ["error", "image", "path"] and list(decoded["path"]) == paths
+    assert decoded["image"].dtype == object  # several sizes
+    errors = [image if isinstance(image, str) else None for image in reference]
+    assert list(decoded["error"]) == errors and errors[-3:] == [f"image read error: {paths[-3]}",
+                                                                f"image read error: {paths[-2]}",
+                                                                f"image read error: {paths[-1]}"]
+    for image, expected_image in zip(decoded["image"], reference):
+        expected_image = np.zeros((0, 0, channels), np.uint8) if isinstance(expected_image, str) else expected_image
+        assert image.dtype == np.uint8 and image.shape[2] == channels
+        np.testing.assert_array_equal(image, expected_image)
+
+    one_size = as_ray_batch(decode_batch({"path": np.array(paths[:4:3], dtype=object)}, channels))["image"]
+    assert one_size.shape == (2, *reference[0].shape)  # the 1st and 4th files: one size of the three
+    np.testing.assert_array_equal(one_size[1], reference[3])
 
 
 def test_predict_dataset_matches_predict_and_resumes(cluster, model, folder, expected, tmp_path):

@@ -4,7 +4,8 @@
 Three pieces, each usable alone:
 
 - :class:`Predictor` (:mod:`.predictor`): the callable class for ``Dataset.map_batches``; one model load per actor
-  with the patch on, rows of paths (or file bytes) in, rows of detections (:mod:`.records`) out;
+  with the patch on, rows of paths (or file bytes, or images decoded ahead by :func:`decode_batch`) in, rows of
+  detections (:mod:`.records`) out;
 - :func:`predict_dataset` (:mod:`.dataset`): a folder, glob, list of paths or Dataset in, a folder of Parquet (or
   JSON lines) out, one actor per GPU, resumable, with a :class:`Summary`;
 - ``yolo-fastdetect predict-many model=... source=... output=...`` (:mod:`.cli`): the same from the command line.
@@ -17,9 +18,9 @@ Examples:
 from __future__ import annotations
 
 from .dataset import Summary, image_paths, predict_dataset, written
-from .decode import decode_bytes, decode_rows
-from .predictor import Predictor, shippable
+from .decode import decode_batch, decode_bytes, decode_rows
+from .predictor import Predictor, input_channels, shippable
 from .records import SUPPORTED_TASKS, schema, to_table
 
-__all__ = ["SUPPORTED_TASKS", "Predictor", "Summary", "decode_bytes", "decode_rows", "image_paths", "predict_dataset",
-           "schema", "shippable", "to_table", "written"]
+__all__ = ["SUPPORTED_TASKS", "Predictor", "Summary", "decode_batch", "decode_bytes", "decode_rows", "image_paths",
+           "input_channels", "predict_dataset", "schema", "shippable", "to_table", "written"]

@@ -3,6 +3,10 @@ OrderedPrefetch`), each exactly as a folder source decodes the file (Ultralytics
 
 A row is a path, or a path and the file's bytes (what ``ray.data.read_binary_files(..., include_paths=True)`` gives).
 A row that cannot be decoded becomes an error message instead of an image: one bad file must not fail the batch.
+
+:func:`decode_rows` decodes inside the actor that predicts (``predict_dataset(decode="actor")``);
+:func:`decode_batch` is the same decode as a ``map_batches`` stage of its own, run as Ray tasks ahead of the actors
+(``decode="tasks"``).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import pyarrow as pa
 
 # files._decode is the folder source's decode: Ultralytics' imread, PIL plugins kept serial (no upload-ahead here:
 # the actor hands model.predict decoded arrays).
@@ -71,3 +76,36 @@ def decode_rows(paths: Sequence[str], contents: Sequence[bytes | None] | None, c
     rows = list(zip(paths, contents if contents is not None else [None] * len(paths)))
     with OrderedPrefetch(partial(_decode_row, flags=flags), rows, threads, len(rows), lower_priority) as decoded:
         return list(decoded)
+
+
+def decode_batch(batch: dict[str, np.ndarray], channels: int = 3) -> pa.Table:
+    """A batch of rows (``path``, optionally ``bytes``) as decoded rows, for ``Dataset.map_batches``: columns
+    ``path``, ``image`` (what :func:`decode_rows` gives; for a row that failed, an empty ``(0, 0, channels)`` image)
+    and ``error`` (the message, or None); ``bytes`` is dropped.
+
+    The rows decode serially: each call is one Ray task of one CPU, and Ray runs as many at once as the cluster has
+    CPUs for them.
+
+    Args:
+        batch: The rows, as Ray Data's ``batch_format="numpy"`` gives them.
+        channels: Image channels of the model (1 grayscale, 3 BGR).
+
+    Examples:
+        >>> import ray
+        >>> ds = ray.data.from_items([{"path": "bus.jpg"}, {"path": "missing.jpg"}])
+        >>> decoded = ds.map_batches(decode_batch, batch_size=64, batch_format="numpy", num_cpus=1)
+        >>> [row["error"] for row in decoded.take_all()]
+        [None, 'file not found: missing.jpg']
+    """
+    from ray.data.extensions import ArrowTensorArray
+
+    paths = [str(path) for path in batch["path"]]
+    decoded = decode_rows(paths, batch.get("bytes"), channels)
+    # Filled row by row: np.array(list) would stack images of one size into one array. A failed row's image is empty
+    # but of the same rank, which Ray's tensor column takes (one size: fixed-shape, else variable-shaped).
+    images = np.empty(len(decoded), dtype=object)
+    for index, image in enumerate(decoded):
+        images[index] = np.zeros((0, 0, channels), np.uint8) if isinstance(image, str) else image
+    # An Arrow table, not numpy columns: Ray would type a column of None alone as null, which reads back as NaN.
+    return pa.table({"path": pa.array(paths, pa.string()), "image": ArrowTensorArray.from_numpy(images),
+                     "error": pa.array([image if isinstance(image, str) else None for image in decoded], pa.string())})

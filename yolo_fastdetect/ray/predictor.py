@@ -1,5 +1,6 @@
 """The callable class that ``Dataset.map_batches`` runs as long-lived actors: one model load per actor, with the
-patch on; a batch of rows (path, or path and bytes) in, a table of detections (:mod:`.records`) out.
+patch on; a batch of rows (path, or path and bytes, or path and the image decoded ahead) in, a table of detections
+(:mod:`.records`) out.
 
 What it guarantees:
 
@@ -8,7 +9,8 @@ What it guarantees:
   predicted in groups of one size (a folder of one camera's images stays one batch);
 - an image that cannot be read becomes a row with an ``error``, never a failed batch;
 - with ``ActorPoolStrategy(max_concurrent_calls_per_actor=2, enable_true_multi_threading=True)`` one batch decodes
-  while the previous one is on the GPU: decoding runs outside the lock that keeps the model to one batch at a time.
+  (or, decoded ahead, is fetched and its detections tabled) while the previous one is on the GPU: all but
+  ``model.predict`` runs outside the lock that keeps the model to one batch at a time.
 """
 
 from __future__ import annotations
@@ -44,6 +46,19 @@ def shippable(model):
     return clone
 
 
+def input_channels(model) -> int:
+    """Image channels ``model`` takes (1 grayscale, 3 BGR), from its YAML; a path or name is loaded for it.
+
+    Examples:
+        >>> input_channels("yolo11n.pt")
+        3
+    """
+    from ultralytics import YOLO
+    from ultralytics.engine.model import Model
+
+    return (model if isinstance(model, Model) else YOLO(shippable(model))).model.yaml.get("channels", 3)
+
+
 class Predictor:
     """Detections for the rows of a Ray Data batch, for ``Dataset.map_batches`` (one instance per actor).
 
@@ -58,7 +73,8 @@ class Predictor:
             ``classes``, ...).
 
     Input rows have a ``path`` column (str) and optionally a ``bytes`` column (the file's content, read there
-    instead of the path); output rows are described in :mod:`yolo_fastdetect.ray.records`.
+    instead of the path), or, decoded ahead by :func:`~.decode.decode_batch`, ``image`` and ``error`` columns (then
+    nothing is decoded here); output rows are described in :mod:`yolo_fastdetect.ray.records`.
 
     Examples:
         >>> import ray
@@ -80,7 +96,7 @@ class Predictor:
         task = self.model.task
         keypoint_dims = (self.model.model.yaml.get("kpt_shape") or [0, 3])[1] if task == "pose" else 3
         self.schema = records.schema(task, keypoint_dims)
-        self.channels = self.model.model.yaml.get("channels", 3)
+        self.channels = input_channels(self.model)
         self.threads = decode_threads or default_threads()
         device = device or ("cuda:0" if torch.cuda.is_available() else "cpu")
         self.predict_args = {"verbose": False, **predict_args, "device": device}
@@ -88,9 +104,13 @@ class Predictor:
         self._model_lock = threading.Lock()
 
     def __call__(self, batch: dict[str, np.ndarray]) -> pa.Table:
-        """The detections of ``batch`` (columns ``path``, optionally ``bytes``), one row per input row."""
+        """The detections of ``batch`` (columns ``path``, and optionally ``bytes``, or ``image`` and ``error``), one
+        row per input row."""
         paths = [str(path) for path in batch["path"]]
-        decoded = decode_rows(paths, batch.get("bytes"), self.channels, self.threads, lower_priority=self._on_gpu)
+        if "image" in batch:  # decoded ahead: a failed row's image is empty and its error says why
+            decoded = [image if error is None else error for image, error in zip(batch["image"], batch["error"])]
+        else:
+            decoded = decode_rows(paths, batch.get("bytes"), self.channels, self.threads, lower_priority=self._on_gpu)
         by_size = defaultdict(list)  # image shape -> row indices
         for index, image in enumerate(decoded):
             if not isinstance(image, str):
