@@ -17,13 +17,16 @@ usage: yolo-fastdetect predict-many model=MODEL source=SOURCE output=FOLDER [key
     num_gpus=N        GPUs to use, one actor each (default: all of the cluster; 0: CPU actors)
     cpu_actors=1      actors when no GPU is used
     format=parquet    or json (JSON lines)
-    decode_threads=N  decoder threads per actor (default: the node's cores, less one)
+    decode=tasks      where the files decode: tasks (Ray tasks of one CPU each, ahead of the actors: decoding on
+                      every CPU of the cluster, the GPU actors only predict) or actor (in each actor, on its own
+                      threads: only paths travel between processes, for a small object store or a slow network)
+    decode_threads=N  decoder threads per actor with decode=actor (default: the node's cores, less one)
   any other key is an argument of model.predict: imgsz=640 conf=0.25 iou=0.7 quantize=16 max_det=300 ...
   e.g. yolo-fastdetect predict-many model=yolo11n.pt source=images/ output=detections/ quantize=16"""
 
 REQUIRED = ("model", "source", "output")
 OWN_KEYS = {"batch": "batch_size", "num_gpus": "num_gpus", "cpu_actors": "cpu_actors", "format": "output_format",
-            "decode_threads": "decode_threads"}
+            "decode": "decode", "decode_threads": "decode_threads"}
 
 
 def parse(argv: list[str]) -> dict:

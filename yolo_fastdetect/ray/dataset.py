@@ -1,7 +1,8 @@
 """``predict_dataset``: the common case in one call. Files (or a Ray Dataset of rows) in, a folder of detections
 out (Parquet, or JSON lines), one actor per GPU, resumable.
 
-The work is Ray Data's: ``map_batches`` runs :class:`~.predictor.Predictor` on a fixed pool of actors (one per GPU,
+The work is Ray Data's: ``map_batches`` decodes the files in Ray tasks (:func:`~.decode.decode_batch`; or, with
+``decode="actor"``, in the actors), runs :class:`~.predictor.Predictor` on a fixed pool of actors (one per GPU,
 ``num_gpus=1`` each; or CPU actors), streams batches through them and writes each finished block as a file. Ray
 Data restarts an actor that dies and retries its batch there (its defaults for actor pools: ``max_restarts=-1``,
 ``max_task_retries=-1``); a batch's rows are written only from a batch that completed, so an image is neither lost
@@ -19,12 +20,14 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .predictor import Predictor, shippable
+from .decode import decode_batch
+from .predictor import Predictor, input_channels, shippable
 
 LOGGER = logging.getLogger(__name__)
 
 # Output formats: the suffix Ray Data gives each file, and how a file is read back for resume and the summary.
 FORMATS = {"parquet": ".parquet", "json": ".json"}
+DECODE = ("tasks", "actor")  # where the files decode: see predict_dataset
 
 
 @dataclass(frozen=True)
@@ -130,11 +133,18 @@ def _check_positive(name: str, value) -> None:
 
 
 def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, num_gpus: int | None = None,
-                    cpu_actors: int = 1, output_format: str = "parquet", decode_threads: int | None = None,
-                    **predict_args) -> Summary:
+                    cpu_actors: int = 1, output_format: str = "parquet", decode: str = "tasks",
+                    decode_threads: int | None = None, **predict_args) -> Summary:
     """Predict every image of ``source`` on a Ray cluster and write one row per image to ``output``.
 
     Connects to the running cluster (``RAY_ADDRESS``, or a ``ray.init`` already made) or starts a local one.
+
+    ``decode="tasks"`` decodes the files in Ray tasks of one CPU each, ahead of the actors: Ray spreads the decoding
+    over every CPU of the cluster, and the GPU actor's process only predicts, its GIL the model's (decoding in the
+    actor, its decoder threads and its predict thread share one GIL: on one H200, 16 cores, batch 64 of 720p JPEGs,
+    the actor's ``model.predict`` took 87 ms a batch against 52 ms in a process of its own). ``decode="actor"``
+    decodes in the actor, on ``decode_threads`` threads: only paths (or file bytes) travel between processes, not
+    decoded images (several times the size of the JPEGs), which suits a small object store or a slow network.
 
     Args:
         model: A weights file or model name/YAML (every node must be able to read the file), or a ``YOLO`` object.
@@ -147,7 +157,10 @@ def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, 
             without GPUs): ``cpu_actors`` actors on the CPU.
         cpu_actors (int): Actors when no GPU is used.
         output_format (str): ``"parquet"`` or ``"json"`` (JSON lines).
-        decode_threads (int, optional): Decoder threads per actor (default: the node's cores, less one).
+        decode (str): Where the files decode: ``"tasks"`` (Ray tasks ahead of the actors) or ``"actor"`` (see
+            above).
+        decode_threads (int, optional): Decoder threads per actor with ``decode="actor"`` (default: the node's
+            cores, less one).
         **predict_args: Arguments of ``model.predict`` (``imgsz``, ``conf``, ``iou``, ``quantize``, ...).
 
     Returns:
@@ -168,6 +181,11 @@ def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, 
         raise ValueError(f"predict_dataset: num_gpus must be a non-negative integer or None, got {num_gpus!r}")
     if output_format not in FORMATS:
         raise ValueError(f"predict_dataset: output_format must be one of {', '.join(FORMATS)}, got {output_format!r}")
+    if decode not in DECODE:
+        raise ValueError(f"predict_dataset: decode must be one of {', '.join(DECODE)}, got {decode!r}")
+    if decode_threads is not None and decode != "actor":
+        raise ValueError(f"predict_dataset: decode_threads is for decode='actor' (decode={decode!r} decodes in Ray "
+                         f"tasks of one CPU each), got decode_threads={decode_threads!r}")
     get_cfg(overrides=predict_args)  # Ultralytics' own error for an argument it does not know, before any work
     model = shippable(model)
     paths = None if isinstance(source, ray.data.Dataset) else image_paths(source)
@@ -191,12 +209,33 @@ def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, 
         todo = [path for path in paths if path not in done]
         if not todo:
             return Summary(0, 0, 0, before.num_rows, time.perf_counter() - begin, actors, bool(gpus))
-        # One block per batch: from_items' default blocks (~10 rows each here) left most batches short of
-        # batch_size (59 calls for 2048 paths at batch 64). H200, 2048 720p JPEGs, one GPU actor: 286-359 img/s
-        # with the default blocks, 619 with one block per batch.
-        blocks = -(-len(todo) // batch_size)
-        dataset = ray.data.from_items([{"path": path} for path in todo], override_num_blocks=blocks)
+        # One block per batch, of batch_size rows exactly (the last one fewer; from_blocks keeps them as given): a
+        # decode task's output block is then an actor's batch as it is, its images read in place from the object
+        # store (checked on a local cluster: the batch's memory was the store's /dev/shm mapping). from_items(
+        # override_num_blocks=) splits evenly (13 paths at batch 4: 3, 3, 3, 4 rows), and a batch cut across two
+        # blocks was a copy in the actor; its default blocks (~10 rows) left most batches short of batch_size (H200,
+        # 2048 720p JPEGs, one GPU actor: 286-359 img/s with them, 619 with one block per batch).
+        dataset = ray.data.from_blocks([pa.table({"path": pa.array(todo[start:start + batch_size], pa.string())})
+                                        for start in range(0, len(todo), batch_size)])
+        # No limit on a block's size in this pipeline: Ray splits a block of over 1.5 times its 128 MiB target (a
+        # decoded batch of 64 1080p images: 380 MiB) and the actor joined the pieces again, a copy. (Not for a
+        # Dataset source: its context is the caller's.)
+        dataset.context.target_max_block_size = None
 
+    if decode == "tasks":
+        dataset = dataset.map_batches(
+            decode_batch,
+            fn_kwargs={"channels": input_channels(model)},  # a path loads on the driver: once, as on an actor
+            batch_size=batch_size,
+            batch_format="numpy",
+            num_cpus=1,
+            # Ray's default for a CPU task (a worker runs any number of them). Stated, it is an argument that the
+            # actor stage lacks, and Ray Data fuses two map stages only of the same arguments: CPU actors ask for
+            # what the tasks ask for (num_cpus=1), and without it Ray 2.60 ran ActorPoolMapOperator[
+            # MapBatches(decode_batch)->MapBatches(Predictor)], the files decoding in the actor again. (GPU actors
+            # differ anyway: num_gpus=1.) tests/test_ray.py checks that no actor decodes.
+            max_calls=0,
+        )
     detections = dataset.map_batches(
         Predictor,
         fn_constructor_args=(model,),
@@ -206,7 +245,7 @@ def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, 
         batch_format="numpy",
         num_cpus=1,
         num_gpus=1 if gpus else None,
-        # Two calls per actor, run at once: one batch decodes while the other holds the model (see .predictor).
+        # Two calls per actor, run at once: one batch decodes (or is fetched) while the other holds the model.
         compute=ray.data.ActorPoolStrategy(size=actors, max_concurrent_calls_per_actor=2,
                                            enable_true_multi_threading=True),
     )
