@@ -6,11 +6,13 @@ predicts the folder at ``--batch`` with the same model and arguments (fp16 on CU
 
 - ``model.predict(folder, stream=True)`` in this process: an untimed pass, then the median of ``--repeats``;
 - ``predict_dataset`` on a local Ray cluster of this machine (or the one ``RAY_ADDRESS`` names) with ``--gpus``
-  actors (one per GPU; CPU actors on ``--device cpu``), into a fresh output folder each time: its wall rate (actor
-  start-up and model load included), and its steady rate, which leaves out the fixed cost: (N - batch) images over
-  the time a full run takes more than a run of one batch (medians of ``--repeats``);
-- the steady rate as a share of ``model.predict``'s (the target: at least 90 % on one GPU, batch 64), and whether
-  both wrote the same detections (same paths, box counts per image, largest box distance).
+  actors (one per GPU; CPU actors on ``--device cpu``), into a fresh output folder each time, once per ``--decode``
+  mode (``tasks``: the files decode in Ray tasks ahead of the actors; ``actor``: in the actors; both by default, in
+  turn within each repeat, for an A/B of one run): its wall rate (actor start-up and model load included), and its
+  steady rate, which leaves out the fixed cost: (N - batch) images over the time a full run takes more than a run of
+  one batch (medians of ``--repeats``);
+- per mode, the steady rate as a share of ``model.predict``'s (the target: at least 90 % on one GPU, batch 64), and
+  whether both wrote the same detections (same paths, box counts per image, largest box distance).
 """
 
 from __future__ import annotations
@@ -44,13 +46,15 @@ def predict_rate(model, folder: Path, batch: int, options: dict, repeats: int) -
     return statistics.median(rate for rate, _ in passes), passes[-1][1]
 
 
-def dataset_seconds(model, source, output: Path, batch: int, gpus: int, options: dict) -> tuple[float, dict]:
-    """Wall seconds of one ``predict_dataset`` run into the empty folder ``output``; path -> (n, 6) boxes."""
+def dataset_seconds(model, source, output: Path, batch: int, gpus: int, decode: str,
+                    options: dict) -> tuple[float, dict]:
+    """Wall seconds of one ``predict_dataset(decode=decode)`` run into the empty folder ``output``; path -> (n, 6)
+    boxes."""
     import pyarrow.parquet as pq
 
     from yolo_fastdetect.ray import predict_dataset
 
-    summary = predict_dataset(model, source, output, batch_size=batch, num_gpus=gpus, **options)
+    summary = predict_dataset(model, source, output, batch_size=batch, num_gpus=gpus, decode=decode, **options)
     rows = pq.read_table(output, columns=["path", "xyxy", "conf", "class_id"]).to_pylist()
     boxes = {row["path"]: torch.tensor([[*xyxy, conf, cls] for xyxy, conf, cls in
                                         zip(row["xyxy"], row["conf"], row["class_id"])]).reshape(-1, 6)
@@ -87,42 +91,54 @@ def run(args) -> dict:
         if not ray.is_initialized():
             ray.init(num_gpus=gpus if not os.environ.get("RAY_ADDRESS") else None, include_dashboard=False)
         ray.data.DataContext.get_current().enable_progress_bars = False
-        runs = {"full": [], "one batch": []}
+        runs = {decode: {"full": [], "one batch": []} for decode in args.decode}
+        ours = {}
         for repeat in range(args.repeats):
-            for name, source in (("full", str(root / "images")), ("one batch", [str(p) for p in paths[: args.batch]])):
-                seconds, boxes = dataset_seconds(model, source, root / f"out_{name.replace(' ', '_')}_{repeat}",
-                                                 args.batch, gpus, ray_options)
-                runs[name].append(seconds)
-                if name == "full":
-                    ours = boxes
-        full, one_batch = statistics.median(runs["full"]), statistics.median(runs["one batch"])
+            for decode in args.decode:  # in turn within a repeat: the modes see the same machine, the same caches
+                for name, source in (("full", str(root / "images")),
+                                     ("one batch", [str(p) for p in paths[: args.batch]])):
+                    output = root / f"out_{decode}_{name.replace(' ', '_')}_{repeat}"
+                    seconds, boxes = dataset_seconds(model, source, output, args.batch, gpus, decode, ray_options)
+                    runs[decode][name].append(seconds)
+                    if name == "full":
+                        ours[decode] = boxes
+    rows = [mode_row(decode, runs[decode], single, compare(ours[decode], stock), args) for decode in args.decode]
+    return {"model_predict": single, "rows": rows, "gpus": gpus, "actors": gpus or 1}
+
+
+def mode_row(decode: str, runs: dict, single: float, detections: dict, args) -> dict:
+    """One ``--decode`` mode's rates from its runs' seconds (``full`` and ``one batch``, per repeat)."""
+    full, one_batch = statistics.median(runs["full"]), statistics.median(runs["one batch"])
     steady = (args.images - args.batch) / (full - one_batch) if full > one_batch else float("nan")
     spread = max(runs["one batch"]) - min(runs["one batch"])
     if full - one_batch <= spread:
-        print(f"  warning: the steady rate says little here: the runs' fixed cost varied by {spread:.1f} s, more than "
-              f"the {args.images} images took beyond it ({full - one_batch:.1f} s); use more --images", flush=True)
-    result = {"model_predict": single, "dataset_wall": args.images / full, "dataset_steady": steady,
-              "share": steady / single, "seconds": runs, "gpus": gpus,
-              "actors": gpus or 1, "detections": compare(ours, stock)}
-    print(f"  predict_dataset: {result['dataset_wall']:.1f} images/s wall, {steady:.1f} steady", flush=True)
-    return result
+        print(f"  warning: decode={decode}: the steady rate says little here: the runs' fixed cost varied by "
+              f"{spread:.1f} s, more than the {args.images} images took beyond it ({full - one_batch:.1f} s); use more "
+              f"--images", flush=True)
+    print(f"  predict_dataset decode={decode}: {args.images / full:.1f} images/s wall, {steady:.1f} steady",
+          flush=True)
+    return {"decode": decode, "dataset_wall": args.images / full, "dataset_steady": steady, "share": steady / single,
+            "seconds": runs, "detections": detections}
 
 
 def markdown(result: dict, args) -> str:
-    detections = result["detections"]
-    same = "yes" if detections["same_paths"] and detections["same_counts"] else "NO"
     where = f"{result['gpus']} GPU actor(s)" if result["gpus"] else "1 CPU actor"
-    return "\n".join([
+    lines = [
         f"{environment_line()} | {os.cpu_count()} CPUs | model {args.model}, imgsz {args.imgsz}, batch {args.batch} | "
         f"{args.images} JPEGs ({', '.join(args.sizes)}) | {where}",
         "",
-        "| model.predict img/s | predict_dataset img/s (wall) | predict_dataset img/s (steady) | steady / predict | "
-        "fixed cost (s) | same paths, counts | max box diff (px) |",
-        "|---:|---:|---:|---:|---:|---|---:|",
-        f"| {result['model_predict']:.1f} | {result['dataset_wall']:.1f} | {result['dataset_steady']:.1f} | "
-        f"{result['share']:.0%} | {statistics.median(result['seconds']['one batch']):.1f} | {same} | "
-        f"{detections['max_box_diff_px']:.2g} |",
-    ])
+        "| decode | model.predict img/s | predict_dataset img/s (wall) | predict_dataset img/s (steady) | "
+        "steady / predict | fixed cost (s) | same paths, counts | max box diff (px) |",
+        "|---|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for row in result["rows"]:
+        detections = row["detections"]
+        same = "yes" if detections["same_paths"] and detections["same_counts"] else "NO"
+        lines.append(f"| {row['decode']} | {result['model_predict']:.1f} | {row['dataset_wall']:.1f} | "
+                     f"{row['dataset_steady']:.1f} | {row['share']:.0%} | "
+                     f"{statistics.median(row['seconds']['one batch']):.1f} | {same} | "
+                     f"{detections['max_box_diff_px']:.2g} |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -136,10 +152,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--gpus", type=int, default=1, help="GPU actors (CUDA only)")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--decode", nargs="+", choices=["tasks", "actor"], default=["tasks", "actor"],
+                        help="predict_dataset's decode modes to time, each a row (default: both)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
     parser.add_argument("--keep", type=Path, help="write the data here and keep it")
     parser.add_argument("--json", type=Path, help="also write the raw numbers here")
     args = parser.parse_args(argv)
+    args.decode = list(dict.fromkeys(args.decode))  # a mode named twice is one row
     if args.images <= args.batch:
         parser.error(f"--images ({args.images}) must exceed --batch ({args.batch}): the steady rate needs both runs")
     result = run(args)
