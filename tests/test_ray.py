@@ -69,11 +69,13 @@ def expected(model, folder) -> dict[str, tuple]:
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A local cluster of 2 CPUs, started once for the module; workers import this checkout and the tests."""
+    """A local cluster of 2 CPUs and no GPU, started once for the module; workers import this checkout and the tests.
+    (Ray would otherwise count a machine's GPUs, and predict_dataset would put its actors there: on the H200 the
+    grayscale test's CPU reference then differed from the GPU actor's boxes, 32af191.)"""
     tests = Path(__file__).parent
     os.environ["PYTHONPATH"] = subprocess_env(PYTHONPATH=os.pathsep.join(
         filter(None, [str(tests.parent), str(tests), os.environ.get("PYTHONPATH")])))["PYTHONPATH"]
-    context = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    context = ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     yield context
     ray.shutdown()

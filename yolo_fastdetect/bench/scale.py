@@ -9,8 +9,10 @@ predicts the folder at ``--batch`` with the same model and arguments (fp16 on CU
   actors (one per GPU; CPU actors on ``--device cpu``), into a fresh output folder each time, once per ``--decode``
   mode (``tasks``: the files decode in Ray tasks ahead of the actors; ``actor``: in the actors; both by default, in
   turn within each repeat, for an A/B of one run): its wall rate (actor start-up and model load included), and its
-  steady rate, which leaves out the fixed cost: (N - batch) images over the time a full run takes more than a run of
-  one batch (medians of ``--repeats``);
+  steady rate, which leaves out that fixed cost: Ray Data writes each finished batch as a file of its own, so the
+  rate is the rows of every file but the first over the time from the first file's write to the last's (their
+  modification times; medians of ``--repeats``). The fixed cost is the run's time less what the steady rate takes
+  for its images;
 - per mode, the steady rate as a share of ``model.predict``'s (the target: at least 90 % on one GPU, batch 64), and
   whether both wrote the same detections (same paths, box counts per image, largest box distance).
 """
@@ -46,10 +48,27 @@ def predict_rate(model, folder: Path, batch: int, options: dict, repeats: int) -
     return statistics.median(rate for rate, _ in passes), passes[-1][1]
 
 
-def dataset_seconds(model, source, output: Path, batch: int, gpus: int, decode: str,
-                    options: dict) -> tuple[float, dict]:
-    """Wall seconds of one ``predict_dataset(decode=decode)`` run into the empty folder ``output``; path -> (n, 6)
-    boxes."""
+def steady_rate(output: Path) -> float:
+    """Rows per second written to ``output`` between its first file and its last (NaN for fewer than two files):
+    Ray Data writes each finished batch as a file of its own (one per batch of 64 on the H200 and of 4 here), so
+    this leaves out the run's start (cluster work, actor start-up, model load, the first batch).
+
+    At 586f41a the steady rate was the difference of a full run and a one-batch run instead; their fixed costs
+    (12-18 s on the H200) varied by seconds, which made a 12288-image run's rate uncertain by +-30 %."""
+    import pyarrow.parquet as pq
+
+    files = sorted(output.glob("*.parquet"), key=lambda file: file.stat().st_mtime)
+    if len(files) < 2:
+        return float("nan")
+    rows = sum(pq.read_metadata(file).num_rows for file in files[1:])
+    seconds = files[-1].stat().st_mtime - files[0].stat().st_mtime
+    return rows / seconds if seconds > 0 else float("nan")
+
+
+def dataset_run(model, source, output: Path, batch: int, gpus: int, decode: str,
+                options: dict) -> tuple[float, float, dict]:
+    """Wall seconds and steady rate (:func:`steady_rate`) of one ``predict_dataset(decode=decode)`` run into the
+    empty folder ``output``; path -> (n, 6) boxes."""
     import pyarrow.parquet as pq
 
     from yolo_fastdetect.ray import predict_dataset
@@ -59,7 +78,7 @@ def dataset_seconds(model, source, output: Path, batch: int, gpus: int, decode: 
     boxes = {row["path"]: torch.tensor([[*xyxy, conf, cls] for xyxy, conf, cls in
                                         zip(row["xyxy"], row["conf"], row["class_id"])]).reshape(-1, 6)
              for row in rows}
-    return summary.seconds, boxes
+    return summary.seconds, steady_rate(output), boxes
 
 
 def compare(ours: dict, stock: dict) -> dict:
@@ -84,41 +103,34 @@ def run(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="yfd_bench_scale_") as scratch:
         root = Path(args.keep or scratch)
         sizes = [tuple(int(v) for v in size.split("x")) for size in args.sizes]
-        paths = write_jpegs(root / "images", args.images, sizes=sizes)
+        write_jpegs(root / "images", args.images, sizes=sizes)
         single, stock = predict_rate(model, root / "images", args.batch, options, args.repeats)
         print(f"  model.predict: {single:.1f} images/s", flush=True)
 
         if not ray.is_initialized():
             ray.init(num_gpus=gpus if not os.environ.get("RAY_ADDRESS") else None, include_dashboard=False)
         ray.data.DataContext.get_current().enable_progress_bars = False
-        runs = {decode: {"full": [], "one batch": []} for decode in args.decode}
+        runs = {decode: {"seconds": [], "steady": []} for decode in args.decode}
         ours = {}
         for repeat in range(args.repeats):
             for decode in args.decode:  # in turn within a repeat: the modes see the same machine, the same caches
-                for name, source in (("full", str(root / "images")),
-                                     ("one batch", [str(p) for p in paths[: args.batch]])):
-                    output = root / f"out_{decode}_{name.replace(' ', '_')}_{repeat}"
-                    seconds, boxes = dataset_seconds(model, source, output, args.batch, gpus, decode, ray_options)
-                    runs[decode][name].append(seconds)
-                    if name == "full":
-                        ours[decode] = boxes
+                output = root / f"out_{decode}_{repeat}"
+                seconds, steady, ours[decode] = dataset_run(model, str(root / "images"), output, args.batch, gpus,
+                                                            decode, ray_options)
+                runs[decode]["seconds"].append(seconds)
+                runs[decode]["steady"].append(steady)
     rows = [mode_row(decode, runs[decode], single, compare(ours[decode], stock), args) for decode in args.decode]
     return {"model_predict": single, "rows": rows, "gpus": gpus, "actors": gpus or 1}
 
 
 def mode_row(decode: str, runs: dict, single: float, detections: dict, args) -> dict:
-    """One ``--decode`` mode's rates from its runs' seconds (``full`` and ``one batch``, per repeat)."""
-    full, one_batch = statistics.median(runs["full"]), statistics.median(runs["one batch"])
-    steady = (args.images - args.batch) / (full - one_batch) if full > one_batch else float("nan")
-    spread = max(runs["one batch"]) - min(runs["one batch"])
-    if full - one_batch <= spread:
-        print(f"  warning: decode={decode}: the steady rate says little here: the runs' fixed cost varied by "
-              f"{spread:.1f} s, more than the {args.images} images took beyond it ({full - one_batch:.1f} s); use more "
-              f"--images", flush=True)
-    print(f"  predict_dataset decode={decode}: {args.images / full:.1f} images/s wall, {steady:.1f} steady",
-          flush=True)
-    return {"decode": decode, "dataset_wall": args.images / full, "dataset_steady": steady, "share": steady / single,
-            "seconds": runs, "detections": detections}
+    """One ``--decode`` mode's rates from its runs (``seconds`` and ``steady``, per repeat)."""
+    seconds, steady = statistics.median(runs["seconds"]), statistics.median(runs["steady"])
+    print(f"  predict_dataset decode={decode}: {args.images / seconds:.1f} images/s wall, {steady:.1f} steady "
+          f"(per repeat: {', '.join(f'{rate:.1f}' for rate in runs['steady'])})", flush=True)
+    return {"decode": decode, "dataset_wall": args.images / seconds, "dataset_steady": steady,
+            "share": steady / single, "fixed_seconds": seconds - args.images / steady, "runs": runs,
+            "detections": detections}
 
 
 def markdown(result: dict, args) -> str:
@@ -136,7 +148,7 @@ def markdown(result: dict, args) -> str:
         same = "yes" if detections["same_paths"] and detections["same_counts"] else "NO"
         lines.append(f"| {row['decode']} | {result['model_predict']:.1f} | {row['dataset_wall']:.1f} | "
                      f"{row['dataset_steady']:.1f} | {row['share']:.0%} | "
-                     f"{statistics.median(row['seconds']['one batch']):.1f} | {same} | "
+                     f"{row['fixed_seconds']:.1f} | {same} | "
                      f"{detections['max_box_diff_px']:.2g} |")
     return "\n".join(lines)
 
@@ -144,8 +156,7 @@ def markdown(result: dict, args) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="yolo-fastdetect bench scale", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="yolov8s.yaml")
-    # H200, one GPU actor: 2048 720p images take ~3 s beyond the ~12-16 s fixed cost, which varied by more than that
-    # (a steady rate of 124 % of model.predict at 586f41a); 12288 gave 64 % in the next call.
+    # H200, one GPU actor: 12288 720p images take ~12 s beyond the ~12-18 s fixed cost.
     parser.add_argument("--images", type=int, default=12288)
     parser.add_argument("--sizes", nargs="+", default=["1280x720"], help="image sizes WxH, cycled")
     parser.add_argument("--imgsz", type=int, default=640)
@@ -160,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     args.decode = list(dict.fromkeys(args.decode))  # a mode named twice is one row
     if args.images <= args.batch:
-        parser.error(f"--images ({args.images}) must exceed --batch ({args.batch}): the steady rate needs both runs")
+        parser.error(f"--images ({args.images}) must exceed --batch ({args.batch}): the steady rate needs two batches or more")
     result = run(args)
     print(markdown(result, args))
     if args.json:
