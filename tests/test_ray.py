@@ -225,13 +225,14 @@ def _actor_titles(session_dir: str) -> dict[int, bytes]:
 
 def test_killed_actor_loses_and_duplicates_nothing(cluster, model, folder, expected, tmp_path):
     """SIGKILL the actor once a batch has been written: Ray starts another and retries the batches it held; every
-    file is in the output exactly once, with the same detections. The files decode in Ray tasks (the default): the
+    file is in the output exactly once, with the same detections. The files decode in Ray tasks: the
     actors' titles show that Ray Data did not fuse the decode stage into theirs."""
     outcome = {}
 
     def predict() -> None:
         try:  # batch 1: many batches, so that the kill lands mid-run
-            outcome["summary"] = predict_dataset(model, str(folder), tmp_path, batch_size=1, imgsz=IMGSZ)
+            outcome["summary"] = predict_dataset(model, str(folder), tmp_path, batch_size=1, imgsz=IMGSZ,
+                                                 decode="tasks")
         except Exception as error:  # noqa: BLE001 - reported by the assertion below
             outcome["error"] = error
 
@@ -276,7 +277,7 @@ def test_grayscale_model_decodes_gray(cluster, folder, tmp_path):
     assert model.predictor.dataset.cv2_flag == cv2.IMREAD_GRAYSCALE  # the reference itself read them gray
 
     missing = str(folder / "missing.jpg")
-    summary = predict_dataset(model, [*paths, missing], tmp_path, batch_size=4, imgsz=IMGSZ)
+    summary = predict_dataset(model, [*paths, missing], tmp_path, batch_size=4, imgsz=IMGSZ, decode="tasks")
     assert (summary.images, summary.failures) == (len(paths) + 1, 1)
     rows = output_rows(tmp_path)
     assert rows[missing]["error"] == f"file not found: {missing}" and rows[missing]["conf"] == []
@@ -317,7 +318,7 @@ def test_bad_arguments_are_named(model, folder, tmp_path):
     with pytest.raises(ValueError, match="decode must be one of tasks, actor, got 'gpu'"):
         predict_dataset(model, str(folder), tmp_path, decode="gpu")
     with pytest.raises(ValueError, match="decode_threads is for decode='actor'"):
-        predict_dataset(model, str(folder), tmp_path, decode_threads=4)
+        predict_dataset(model, str(folder), tmp_path, decode="tasks", decode_threads=4)
     with pytest.raises(SyntaxError, match="'imgsize' is not a valid YOLO argument"):
         predict_dataset(model, str(folder), tmp_path, imgsize=IMGSZ)
     with pytest.raises(TypeError, match="source must be a folder"):
@@ -329,4 +330,4 @@ def test_bad_arguments_are_named(model, folder, tmp_path):
     help_run = subprocess.run([sys.executable, "-m", "yolo_fastdetect", "predict-many", "--help"], capture_output=True,
                               text=True, env=subprocess_env())
     assert help_run.returncode == 0 and "usage: yolo-fastdetect predict-many" in help_run.stdout
-    assert "decode=tasks      where the files decode: tasks (Ray tasks" in help_run.stdout
+    assert "decode=actor      where the files decode: actor (in each actor" in help_run.stdout
