@@ -23,7 +23,7 @@ from ultralytics.data import loaders
 from ultralytics.data.loaders import LoadImagesAndVideos, SourceTypes
 
 from .gpu_jpeg import EncodedJpeg, decode_on_gpu, read_for_gpu
-from .prefetch import OrderedPrefetch
+from .prefetch import OrderedPrefetch, read_ahead_window
 from .upload import Uploads, loader_uploads
 from .video import VIDEO_END, VideoReader, VideoStart
 
@@ -95,7 +95,7 @@ class FileLoader(LoadImagesAndVideos):
         if self.ni:
             decode = partial(_read_or_decode if self._gpu_jpeg else _decode, flags=self.cv2_flag,
                              uploads=self.uploads if self._upload_ahead else None)
-            window = max(self.read_ahead * self.bs, self.threads)
+            window = read_ahead_window(self.bs, self.threads, self.read_ahead)
             self._images = OrderedPrefetch(decode, self.files[: self.ni], self.threads, window, self.lower_priority)
         if self.nf > self.ni:
             gray = self.cv2_flag == cv2.IMREAD_GRAYSCALE

@@ -38,7 +38,7 @@ from PIL import ExifTags, Image
 from ultralytics.data.loaders import LoadPilAndNumpy, SourceTypes, autocast_list
 
 from .jpeg_bytes import ends_in_eoi
-from .prefetch import OrderedPrefetch
+from .prefetch import OrderedPrefetch, read_ahead_window
 from .upload import Uploads, loader_uploads
 
 _TRANSPOSING_ORIENTATIONS = (5, 6, 7, 8)  # EXIF orientations that exif_transpose turns by 90 degrees
@@ -127,7 +127,7 @@ class PathListLoader(LoadPilAndNumpy):
         self.close()
         self.count = 0
         decode = partial(_decode, channels=self.channels, uploads=self.uploads)
-        window = max(self.read_ahead * self.bs, self.threads)
+        window = read_ahead_window(self.bs, self.threads, self.read_ahead)
         self._images = OrderedPrefetch(decode, self._entries, self.threads, window, self.lower_priority)
         return self
 

@@ -45,6 +45,17 @@ def _below_the_caller() -> None:
         pass
 
 
+def read_ahead_window(batch: int, threads: int, read_ahead: int) -> int:
+    """Images a loader keeps decoding ahead of its consumer: ``read_ahead`` batches, and at least one per thread (so
+    that batch 1 keeps every thread busy).
+
+    Examples:
+        >>> read_ahead_window(batch=1, threads=15, read_ahead=2)
+        15
+    """
+    return max(read_ahead * batch, threads)
+
+
 def _shut_down(executor: ThreadPoolExecutor, pending: deque[Future]) -> None:
     """Cancel what has not started and join the threads (what is running finishes: one decode at most each)."""
     for future in pending:

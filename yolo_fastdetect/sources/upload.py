@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .prefetch import read_ahead_window
+
 UPLOAD_BUDGET_BYTES = 4 << 30  # at most this much (or an eighth of the GPU's memory) uploaded ahead at once
 
 
@@ -127,4 +129,4 @@ def loader_uploads(upload_to: torch.device | None, batch: int, threads: int, rea
     or None without a device: room for the read-ahead, the batch in stock's prefetch and the predictor's."""
     if upload_to is None:
         return None
-    return Uploads(upload_to, capacity=max(read_ahead * batch, threads) + 2 * batch)
+    return Uploads(upload_to, capacity=read_ahead_window(batch, threads, read_ahead) + 2 * batch)
