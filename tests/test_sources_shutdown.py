@@ -124,17 +124,21 @@ def test_prefetch_threads_run_five_nice_steps_below_the_caller_where_asked():
 
 
 @linux_only
-@pytest.mark.parametrize("device", [None, "cuda"], ids=["cpu-predictor", "gpu-predictor"])
-def test_file_sources_decode_below_a_gpu_predictor_only(folder, monkeypatch, device):
+@pytest.mark.parametrize(("device", "nice"), [(None, None), ("cuda", None), ("cuda", "0")],
+                         ids=["cpu-predictor", "gpu-predictor", "gpu-predictor-opted-out"])
+def test_file_sources_decode_below_a_gpu_predictor_only(folder, monkeypatch, device, nice):
     """file_loader gets the predictor's device where it letterboxes on a GPU: only then do the decoders yield (on a CPU
-    predictor the network's own threads do the work). No GPU is touched: at batch 2 nothing is uploaded ahead."""
+    predictor the network's own threads do the work), unless YOLO_FASTDETECT_DECODER_NICE=0. No GPU is touched: at
+    batch 2 nothing is uploaded ahead."""
+    if nice is not None:
+        monkeypatch.setenv("YOLO_FASTDETECT_DECODER_NICE", nice)
     seen = []
     stock_imread = loaders.imread
     monkeypatch.setattr(loaders, "imread", lambda *a, **k: seen.append(own_nice()) or stock_imread(*a, **k))
     loader = file_loader(str(folder / "*.jpg"), batch=2, device=None if device is None else torch.device(device))
     assert sum(len(images) for _, images, _ in loader) > 0
     caller = own_nice()
-    assert set(seen) == {min(19, caller + 5) if device else caller}
+    assert set(seen) == {min(19, caller + 5) if device and nice is None else caller}
 
 
 @pytest.mark.parametrize("loader", ["folder", "list"])

@@ -12,6 +12,8 @@ and a 1080p mp4 clip of ``--frames`` frames. Then, in one process on one model (
   paths in order, same box counts, largest distance from one of our boxes to stock's nearest of its class);
 - ``--sources`` picks the cases (``list``, ``folder``, ``video``); ``--gpu-jpeg`` also times ours on the folder with
   ``YOLO_FASTDETECT_GPU_JPEG=1`` (nvJPEG, opt-in: not stock's pixels, so its detections are compared too);
+  ``--nice-off`` also times ours on the list and the folder with ``YOLO_FASTDETECT_DECODER_NICE=0`` (the decoder
+  threads at the predictor's priority): the same-run A/B of the default nice +5;
 - peak host memory of loading a list of ``--memory-paths`` paths (640x480 files, repeated): stock's loader (which
   decodes the whole list first) against ours, each in a fresh process.
 """
@@ -28,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from unittest import mock
 
 import cv2
 import torch
@@ -139,11 +142,13 @@ def make_data(root: Path, args) -> dict[str, list[Path]]:
     return data
 
 
-def opt_ins() -> list[tuple[str, str, tuple[str, ...]]]:
-    """The opt-in rows: their key (in a row, and the flag's name), the variable that turns them on, the cases."""
-    from yolo_fastdetect.sources import GPU_JPEG_VARIABLE
+def variants() -> list[tuple[str, str, str, tuple[str, ...]]]:
+    """The extra sides of ours: their key (in a row, and the flag's name), the variable and the value that set them,
+    the cases."""
+    from yolo_fastdetect.sources import DECODER_NICE_VARIABLE, GPU_JPEG_VARIABLE
 
-    return [("gpu_jpeg", GPU_JPEG_VARIABLE, ("folder",))]
+    return [("gpu_jpeg", GPU_JPEG_VARIABLE, "1", ("folder",)),
+            ("nice_off", DECODER_NICE_VARIABLE, "0", ("list", "folder"))]
 
 
 def run(args) -> list[dict]:
@@ -154,7 +159,7 @@ def run(args) -> list[dict]:
     cuda = args.device == "cuda"
     options = {"device": args.device, "verbose": False, "quantize": 16 if cuda else None}
     model = detecting_model(args.model)
-    asked = [opt_in for opt_in in opt_ins() if getattr(args, opt_in[0])]
+    asked = [variant for variant in variants() if getattr(args, variant[0])]
     rows = []
     with tempfile.TemporaryDirectory(prefix="yfd_bench_sources_") as scratch:
         root = Path(args.keep or scratch)
@@ -169,13 +174,10 @@ def run(args) -> list[dict]:
             for side, switch in (("stock", yolo_fastdetect.disable), ("ours", yolo_fastdetect.enable)):
                 switch()
                 row[side], row[f"{side}_records"] = timed_rate(model, source, batch, options, args.repeats)
-            for key, variable, kinds in asked:
+            for key, variable, value, kinds in asked:
                 if kind in kinds:
-                    os.environ[variable] = "1"
-                    try:
+                    with mock.patch.dict(os.environ, {variable: value}):  # restored after, whatever it was
                         row[key], records = timed_rate(model, source, batch, options, args.repeats)
-                    finally:
-                        del os.environ[variable]
                     row[f"{key}_detections"] = same_detections(records, row["stock_records"])
             row["detections"] = same_detections(row.pop("ours_records"), row.pop("stock_records"))
             row["decode_only"] = decode_rate(source)
@@ -206,11 +208,11 @@ def markdown(rows: list[dict], memory: dict, threads: int, args) -> str:
             f"{row['ours'] / row['stock']:.2f}x | {row['decode_only']:.0f} | {row['in_memory']:.0f} | "
             f"{row['ours'] / row['ceiling']:.0%} | {same} | {detections['max_box_diff_px']:.2g} |"
         )
-    for key, variable, _ in opt_ins():
+    for key, variable, value, _ in variants():
         for row in (row for row in rows if key in row):
             detections = row[f"{key}_detections"]
             lines.append(
-                f"\n{row['source']} batch {row['batch']} with {variable}=1: {row[key]:.0f} img/s "
+                f"\n{row['source']} batch {row['batch']} with {variable}={value}: {row[key]:.0f} img/s "
                 f"({row[key] / row['stock']:.2f}x stock, ours {row['ours']:.0f}); boxes {detections['ours']} "
                 f"vs stock's {detections['stock']}, same counts per image: {detections['same_counts']}, max box diff "
                 f"{detections['max_box_diff_px']:.3g} px (untied {detections['max_box_diff_px_untied']:.3g})"
@@ -233,6 +235,8 @@ def main(argv: list[str] | None = None) -> None:
     kinds = ["list", "folder", "video"]
     parser.add_argument("--sources", nargs="+", default=kinds, choices=kinds, help="which cases to run")
     parser.add_argument("--gpu-jpeg", action="store_true", help="also time the folder with nvJPEG decoding (opt-in)")
+    parser.add_argument("--nice-off", action="store_true",
+                        help="also time ours on the list and folder with the decoders at the predictor's priority")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--memory-paths", type=int, default=2000, help="0 skips the memory measurement")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])

@@ -41,6 +41,7 @@ READ_AHEAD_VARIABLE = "YOLO_FASTDETECT_READ_AHEAD"
 LIST_OPENCV_VARIABLE = "YOLO_FASTDETECT_LIST_OPENCV"
 UPLOAD_AHEAD_VARIABLE = "YOLO_FASTDETECT_UPLOAD_AHEAD"
 GPU_JPEG_VARIABLE = "YOLO_FASTDETECT_GPU_JPEG"
+DECODER_NICE_VARIABLE = "YOLO_FASTDETECT_DECODER_NICE"
 # Upload-ahead pays where the predictor's thread bounds the pipeline, and costs where the decoders do (they take on
 # the copies). H200, 256 JPEGs up to 4K and a 720p clip, 15 decoder threads, with / without: folder batch 1 217 / 195
 # img/s, video batch 1 293 / 238 FPS; folder batch 16 428 / 413, batch 64 446 / 503, list batch 64 449 / 465, video
@@ -93,7 +94,7 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3,
     """The parallel loader for ``source``, or None where Ultralytics' own loader stays (not a file source, or
     ``YOLO_FASTDETECT_SOURCES=0``). Raises what stock raises for a missing path. ``device``: the CUDA device where the
     predictor letterboxes, if it does: the decoder threads then run below the predictor's priority (Linux, see
-    :mod:`.prefetch`) and upload the images there at batch 1 (unless ``YOLO_FASTDETECT_UPLOAD_AHEAD=0``), and with
+    :mod:`.prefetch`; not with ``YOLO_FASTDETECT_DECODER_NICE=0``) and upload the images there at batch 1 (unless ``YOLO_FASTDETECT_UPLOAD_AHEAD=0``), and with
     ``YOLO_FASTDETECT_GPU_JPEG=1`` a file source's JPEGs decode there.
 
     Examples:
@@ -105,7 +106,7 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3,
         return None
     upload = batch <= UPLOAD_AHEAD_MAX_BATCH and os.environ.get(UPLOAD_AHEAD_VARIABLE, "1") != "0"
     options = {"batch": batch, "channels": channels, "threads": decode_threads(), "read_ahead": read_ahead(),
-               "upload_to": device if upload else None, "lower_priority": device is not None}
+               "upload_to": device if upload else None, "lower_priority": device is not None and os.environ.get(DECODER_NICE_VARIABLE, "1") != "0"}
     if _is_local_path(source):
         gpu_jpeg = device if os.environ.get(GPU_JPEG_VARIABLE, "0") == "1" else None
         return FileLoader(source, vid_stride=vid_stride, gpu_jpeg=gpu_jpeg, **options)
