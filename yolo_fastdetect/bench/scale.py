@@ -171,7 +171,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     args.decode = list(dict.fromkeys(args.decode))  # a mode named twice is one row
     if args.images <= args.batch:
-        parser.error(f"--images ({args.images}) must exceed --batch ({args.batch}): the steady rate needs two batches or more")
+        parser.error(f"--images ({args.images}) must exceed --batch ({args.batch}): the steady rate needs two "
+                     f"batches or more")
     result = run(args)
     print(markdown(result, args))
     if args.json:

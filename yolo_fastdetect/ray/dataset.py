@@ -2,8 +2,8 @@
 out (Parquet, or JSON lines), one actor per GPU, resumable.
 
 The work is Ray Data's: ``map_batches`` decodes the files in the actors (or, with ``decode="tasks"``, in Ray tasks
-ahead of them: :func:`~.decode.decode_batch`), runs :class:`~.predictor.Predictor` on a fixed pool of actors (one per GPU,
-``num_gpus=1`` each; or CPU actors), streams batches through them and writes each finished block as a file. Ray
+ahead of them: :func:`~.decode.decode_batch`), runs :class:`~.predictor.Predictor` on a fixed pool of actors (one
+per GPU, ``num_gpus=1`` each; or CPU actors), streams batches through them and writes each finished block as a file. Ray
 Data restarts an actor that dies and retries its batch there (its defaults for actor pools: ``max_restarts=-1``,
 ``max_task_retries=-1``); a batch's rows are written only from a batch that completed, so an image is neither lost
 nor written twice. Re-running with the same ``output`` predicts only the paths not already in it.

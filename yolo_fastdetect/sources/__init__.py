@@ -94,8 +94,8 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3,
     """The parallel loader for ``source``, or None where Ultralytics' own loader stays (not a file source, or
     ``YOLO_FASTDETECT_SOURCES=0``). Raises what stock raises for a missing path. ``device``: the CUDA device where the
     predictor letterboxes, if it does: the decoder threads then run below the predictor's priority (Linux, see
-    :mod:`.prefetch`; not with ``YOLO_FASTDETECT_DECODER_NICE=0``) and upload the images there at batch 1 (unless ``YOLO_FASTDETECT_UPLOAD_AHEAD=0``), and with
-    ``YOLO_FASTDETECT_GPU_JPEG=1`` a file source's JPEGs decode there.
+    :mod:`.prefetch`; not with ``YOLO_FASTDETECT_DECODER_NICE=0``) and upload the images there at batch 1 (unless
+    ``YOLO_FASTDETECT_UPLOAD_AHEAD=0``), and with ``YOLO_FASTDETECT_GPU_JPEG=1`` a file source's JPEGs decode there.
 
     Examples:
         >>> loader = file_loader("path/to/folder", batch=16)
@@ -105,8 +105,9 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3,
     if os.environ.get(SOURCES_VARIABLE, "1") == "0":
         return None
     upload = batch <= UPLOAD_AHEAD_MAX_BATCH and os.environ.get(UPLOAD_AHEAD_VARIABLE, "1") != "0"
+    nice = device is not None and os.environ.get(DECODER_NICE_VARIABLE, "1") != "0"
     options = {"batch": batch, "channels": channels, "threads": decode_threads(), "read_ahead": read_ahead(),
-               "upload_to": device if upload else None, "lower_priority": device is not None and os.environ.get(DECODER_NICE_VARIABLE, "1") != "0"}
+               "upload_to": device if upload else None, "lower_priority": nice}
     if _is_local_path(source):
         gpu_jpeg = device if os.environ.get(GPU_JPEG_VARIABLE, "0") == "1" else None
         return FileLoader(source, vid_stride=vid_stride, gpu_jpeg=gpu_jpeg, **options)
