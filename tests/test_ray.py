@@ -223,16 +223,21 @@ def _actor_titles(session_dir: str) -> dict[int, bytes]:
     return titles
 
 
-def test_killed_actor_loses_and_duplicates_nothing(cluster, model, folder, expected, tmp_path):
-    """SIGKILL the actor once a batch has been written: Ray starts another and retries the batches it held; every
-    file is in the output exactly once, with the same detections. The files decode in Ray tasks: the
-    actors' titles show that Ray Data did not fuse the decode stage into theirs."""
+@pytest.mark.parametrize("decode", ["actor", "tasks"])
+def test_killed_actor_loses_and_duplicates_nothing(cluster, model, folder, expected, tmp_path, decode):
+    """SIGKILL the actor while it predicts its first batch (Ray titles its process ``...Predictor)).submit`` then):
+    Ray starts another and retries the batches it held; every file is in the output exactly once, with the same
+    detections. With the files decoded in Ray tasks, the actors' titles show that Ray Data did not fuse the decode
+    stage into theirs.
+
+    (Killing it once a first file was written missed with decode="tasks" on 2 CPUs: the actor had predicted every
+    batch, and been let go, before the write tasks got a CPU.)"""
     outcome = {}
 
     def predict() -> None:
         try:  # batch 1: many batches, so that the kill lands mid-run
             outcome["summary"] = predict_dataset(model, str(folder), tmp_path, batch_size=1, imgsz=IMGSZ,
-                                                 decode="tasks")
+                                                 decode=decode)
         except Exception as error:  # noqa: BLE001 - reported by the assertion below
             outcome["error"] = error
 
@@ -242,8 +247,9 @@ def test_killed_actor_loses_and_duplicates_nothing(cluster, model, folder, expec
     while run.is_alive():
         actors = _actor_titles(cluster.address_info["session_dir"])
         pids, titles = list(actors), titles | set(actors.values())
-        if killed is None and pids and (written_at_kill := len(list(tmp_path.glob("*.parquet")))) >= 1:
-            killed = pids[0]
+        predicting = [pid for pid, title in actors.items() if title.endswith(b".submit")]
+        if killed is None and predicting:
+            killed, written_at_kill = predicting[0], len(list(tmp_path.glob("*.parquet")))
             os.kill(killed, signal.SIGKILL)
         elif killed is not None:
             later_actors.update(set(pids) - {killed})
