@@ -164,6 +164,8 @@ def bench_model(name: str, images: list[np.ndarray], batches: list[int], device:
             print(f"  {name} batch {batch} {setting(row)}: stock {row['stock']['ms_per_image']:.3f}, ours "
                   f"{row['ours']['ms_per_image']:.3f} ms/image; warm-up stock {row['stock']['warmup_s']:.1f} s, "
                   f"ours {row['ours']['warmup_s']:.1f} s", flush=True)
+            # The row's whole table line too: a run cut short by a time limit keeps every finished row.
+            print("  " + markdown_table([row]).splitlines()[-1], flush=True)
     return rows
 
 

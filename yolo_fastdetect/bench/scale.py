@@ -9,10 +9,9 @@ predicts the folder at ``--batch`` with the same model and arguments (fp16 on CU
   actors (one per GPU; CPU actors on ``--device cpu``), into a fresh output folder each time, once per ``--decode``
   mode (``tasks``: the files decode in Ray tasks ahead of the actors; ``actor``: in the actors; both by default, in
   turn within each repeat, for an A/B of one run): its wall rate (actor start-up and model load included), and its
-  steady rate, which leaves out that fixed cost: Ray Data writes each finished batch as a file of its own, so the
-  rate is the rows of every file but the first over the time from the first file's write to the last's (their
-  modification times; medians of ``--repeats``). The fixed cost is the run's time less what the steady rate takes
-  for its images;
+  steady rate, which leaves out that fixed cost: the actor notes when each batch's detections are ready
+  (:mod:`._scale_actor`), and the rate is the rows of every batch but the first over the time from the first to the
+  last (medians of ``--repeats``). The fixed cost is the run's time less what the steady rate takes for its images;
 - per mode, the steady rate as a share of ``model.predict``'s (the target: at least 90 % on one GPU, batch 64), and
   whether both wrote the same detections (same paths, box counts per image, largest box distance).
 """
@@ -48,37 +47,30 @@ def predict_rate(model, folder: Path, batch: int, options: dict, repeats: int) -
     return statistics.median(rate for rate, _ in passes), passes[-1][1]
 
 
-def steady_rate(output: Path) -> float:
-    """Rows per second written to ``output`` between its first file and its last (NaN for fewer than two files):
-    Ray Data writes each finished batch as a file of its own (one per batch of 64 on the H200 and of 4 here), so
-    this leaves out the run's start (cluster work, actor start-up, model load, the first batch).
-
-    At 586f41a the steady rate was the difference of a full run and a one-batch run instead; their fixed costs
-    (12-18 s on the H200) varied by seconds, which made a 12288-image run's rate uncertain by +-30 %."""
-    import pyarrow.parquet as pq
-
-    files = sorted(output.glob("*.parquet"), key=lambda file: file.stat().st_mtime)
-    if len(files) < 2:
-        return float("nan")
-    rows = sum(pq.read_metadata(file).num_rows for file in files[1:])
-    seconds = files[-1].stat().st_mtime - files[0].stat().st_mtime
-    return rows / seconds if seconds > 0 else float("nan")
-
-
 def dataset_run(model, source, output: Path, batch: int, gpus: int, decode: str,
-                options: dict) -> tuple[float, float, dict]:
-    """Wall seconds and steady rate (:func:`steady_rate`) of one ``predict_dataset(decode=decode)`` run into the
-    empty folder ``output``; path -> (n, 6) boxes."""
+                options: dict, times: Path) -> tuple[float, float, dict]:
+    """Wall seconds and steady rate (:func:`~._scale_actor.steady_rate`) of one ``predict_dataset(decode=decode)``
+    run into the empty folder ``output``, its actors noting their batches in the folder ``times``; path -> (n, 6)
+    boxes."""
+    import shutil
+    from unittest import mock
+
     import pyarrow.parquet as pq
 
-    from yolo_fastdetect.ray import predict_dataset
+    from yolo_fastdetect.ray import dataset
 
-    summary = predict_dataset(model, source, output, batch_size=batch, num_gpus=gpus, decode=decode, **options)
+    from ._scale_actor import TimedPredictor, steady_rate
+
+    shutil.rmtree(times, ignore_errors=True)
+    times.mkdir(parents=True)
+    with mock.patch.object(dataset, "Predictor", TimedPredictor):  # what predict_dataset maps the batches with
+        summary = dataset.predict_dataset(model, source, output, batch_size=batch, num_gpus=gpus, decode=decode,
+                                          **options)
     rows = pq.read_table(output, columns=["path", "xyxy", "conf", "class_id"]).to_pylist()
     boxes = {row["path"]: torch.tensor([[*xyxy, conf, cls] for xyxy, conf, cls in
                                         zip(row["xyxy"], row["conf"], row["class_id"])]).reshape(-1, 6)
              for row in rows}
-    return summary.seconds, steady_rate(output), boxes
+    return summary.seconds, steady_rate(times), boxes
 
 
 def compare(ours: dict, stock: dict) -> dict:
@@ -107,19 +99,28 @@ def run(args) -> dict:
         single, stock = predict_rate(model, root / "images", args.batch, options, args.repeats)
         print(f"  model.predict: {single:.1f} images/s", flush=True)
 
-        if not ray.is_initialized():
-            ray.init(num_gpus=gpus if not os.environ.get("RAY_ADDRESS") else None, include_dashboard=False)
+        from ._scale_actor import TIMES_VARIABLE
+
+        times = root / "times"  # the actors' notes: on this machine, so the cluster is best a local one
+        ray.init(num_gpus=gpus if not os.environ.get("RAY_ADDRESS") else None, include_dashboard=False,
+                 runtime_env={"env_vars": {TIMES_VARIABLE: str(times)}})
         ray.data.DataContext.get_current().enable_progress_bars = False
         runs = {decode: {"seconds": [], "steady": []} for decode in args.decode}
-        ours = {}
+        detections = {}
         for repeat in range(args.repeats):
             for decode in args.decode:  # in turn within a repeat: the modes see the same machine, the same caches
                 output = root / f"out_{decode}_{repeat}"
-                seconds, steady, ours[decode] = dataset_run(model, str(root / "images"), output, args.batch, gpus,
-                                                            decode, ray_options)
+                seconds, steady, boxes = dataset_run(model, str(root / "images"), output, args.batch, gpus, decode,
+                                                     ray_options, times)
+                detections[decode] = compare(boxes, stock)
                 runs[decode]["seconds"].append(seconds)
                 runs[decode]["steady"].append(steady)
-    rows = [mode_row(decode, runs[decode], single, compare(ours[decode], stock), args) for decode in args.decode]
+                # Each run as it ends: a call cut short by a time limit keeps what finished (32af191 lost its table).
+                same = detections[decode]["same_paths"] and detections[decode]["same_counts"]
+                print(f"  decode={decode} repeat {repeat + 1}: {seconds:.1f} s, {steady:.1f} images/s steady; same "
+                      f"paths and box counts as model.predict: {same}, max box diff "
+                      f"{detections[decode]['max_box_diff_px']:.2g} px", flush=True)
+    rows = [mode_row(decode, runs[decode], single, detections[decode], args) for decode in args.decode]
     return {"model_predict": single, "rows": rows, "gpus": gpus, "actors": gpus or 1}
 
 
