@@ -21,12 +21,14 @@ TIMES_VARIABLE = "YOLO_FASTDETECT_BENCH_SCALE_TIMES"  # the folder of the notes 
 
 class TimedPredictor(Predictor):
     """:class:`~yolo_fastdetect.ray.Predictor` that, after each batch, writes an empty file named
-    ``<seconds since the epoch>_<rows>_<process>_<thread>`` into the folder ``$YOLO_FASTDETECT_BENCH_SCALE_TIMES``."""
+    ``<seconds since the epoch>_<rows>_<process>_<thread>`` into the folder ``$YOLO_FASTDETECT_BENCH_SCALE_TIMES``
+    where this node has that folder (an actor on another machine of a ``RAY_ADDRESS`` cluster notes nothing, rather
+    than failing its batch)."""
 
     def __call__(self, batch: dict[str, np.ndarray]) -> pa.Table:
         table = super().__call__(batch)
         folder = os.environ.get(TIMES_VARIABLE)
-        if folder:
+        if folder and os.path.isdir(folder):
             Path(folder, f"{time.time():.6f}_{table.num_rows}_{os.getpid()}_{threading.get_ident()}").touch()
         return table
 
