@@ -336,4 +336,4 @@ def test_bad_arguments_are_named(model, folder, tmp_path):
     help_run = subprocess.run([sys.executable, "-m", "yolo_fastdetect", "predict-many", "--help"], capture_output=True,
                               text=True, env=subprocess_env())
     assert help_run.returncode == 0 and "usage: yolo-fastdetect predict-many" in help_run.stdout
-    assert "decode=actor      where the files decode: actor (in each actor" in help_run.stdout
+    assert "decode=tasks      where the files decode: tasks (Ray tasks of one CPU each" in help_run.stdout

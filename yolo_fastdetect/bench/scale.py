@@ -8,10 +8,11 @@ predicts the folder at ``--batch`` with the same model and arguments (fp16 on CU
 - ``predict_dataset`` on a local Ray cluster of this machine (or the one ``RAY_ADDRESS`` names) with ``--gpus``
   actors (one per GPU; CPU actors on ``--device cpu``), into a fresh output folder each time, once per ``--decode``
   mode (``tasks``: the files decode in Ray tasks ahead of the actors; ``actor``: in the actors; both by default, in
-  turn within each repeat, for an A/B of one run): its wall rate (actor start-up and model load included), and its
-  steady rate, which leaves out that fixed cost: the actor notes when each batch's detections are ready
-  (:mod:`._scale_actor`), and the rate is the rows of every batch but the first over the time from the first to the
-  last (medians of ``--repeats``). The fixed cost is the run's time less what the steady rate takes for its images;
+  turn within each repeat, for an A/B of one run, after an untimed first run of the cluster): its wall rate (actor
+  start-up and model load included), and its steady rate, which leaves out that fixed cost: the actor notes when
+  each batch's detections are ready (:mod:`._scale_actor`), and the rate is the rows of every batch but the first
+  over the time from the first to the last (medians of ``--repeats``). The fixed cost is the run's time less what
+  the steady rate takes for its images;
 - per mode, the steady rate as a share of ``model.predict``'s (the target: at least 90 % on one GPU, batch 64), and
   whether both wrote the same detections (same paths, box counts per image, largest box distance).
 """
@@ -105,6 +106,13 @@ def run(args) -> dict:
         ray.init(num_gpus=gpus if not os.environ.get("RAY_ADDRESS") else None, include_dashboard=False,
                  runtime_env={"env_vars": {TIMES_VARIABLE: str(times)}})
         ray.data.DataContext.get_current().enable_progress_bars = False
+        # The cluster's first run, untimed, as model.predict's first pass: at 2de059b (H200, 12288 720p JPEGs) it
+        # took 44.1 s with decode=tasks, its second 26.9 s (and the first pass left as the median's half: 517 and
+        # 1127 img/s steady, 73 % of model.predict where the second alone was 100 %).
+        first_seconds, first_steady, _ = dataset_run(model, str(root / "images"), root / "out_first", args.batch,
+                                                     gpus, args.decode[0], ray_options, times)
+        print(f"  the cluster's first run (decode={args.decode[0]}, untimed): {first_seconds:.1f} s, "
+              f"{first_steady:.1f} images/s steady", flush=True)
         runs = {decode: {"seconds": [], "steady": []} for decode in args.decode}
         detections = {}
         for repeat in range(args.repeats):
@@ -121,7 +129,8 @@ def run(args) -> dict:
                       f"paths and box counts as model.predict: {same}, max box diff "
                       f"{detections[decode]['max_box_diff_px']:.2g} px", flush=True)
     rows = [mode_row(decode, runs[decode], single, detections[decode], args) for decode in args.decode]
-    return {"model_predict": single, "rows": rows, "gpus": gpus, "actors": gpus or 1}
+    return {"model_predict": single, "rows": rows, "gpus": gpus, "actors": gpus or 1,
+            "first_run": {"decode": args.decode[0], "seconds": first_seconds, "steady": first_steady}}
 
 
 def mode_row(decode: str, runs: dict, single: float, detections: dict, args) -> dict:

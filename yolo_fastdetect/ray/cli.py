@@ -17,9 +17,9 @@ usage: yolo-fastdetect predict-many model=MODEL source=SOURCE output=FOLDER [key
     num_gpus=N        GPUs to use, one actor each (default: all of the cluster; 0: CPU actors)
     cpu_actors=1      actors when no GPU is used
     format=parquet    or json (JSON lines)
-    decode=actor      where the files decode: actor (in each actor, on its own threads: only paths travel
-                      between processes) or tasks (Ray tasks of one CPU each, ahead of the actors: decoding on
-                      every CPU of the cluster, CPU-only nodes too, and the GPU actors only predict)
+    decode=tasks      where the files decode: tasks (Ray tasks of one CPU each, ahead of the actors: decoding
+                      on every CPU of the cluster, CPU-only nodes too, and the GPU actors only predict) or actor
+                      (in each actor, on its own threads: only paths travel between processes)
     decode_threads=N  decoder threads per actor with decode=actor (default: the node's cores, less one)
   any other key is an argument of model.predict: imgsz=640 conf=0.25 iou=0.7 quantize=16 max_det=300 ...
   e.g. yolo-fastdetect predict-many model=yolo11n.pt source=images/ output=detections/ quantize=16"""

@@ -1,12 +1,13 @@
 """``predict_dataset``: the common case in one call. Files (or a Ray Dataset of rows) in, a folder of detections
 out (Parquet, or JSON lines), one actor per GPU, resumable.
 
-The work is Ray Data's: ``map_batches`` decodes the files in the actors (or, with ``decode="tasks"``, in Ray tasks
-ahead of them: :func:`~.decode.decode_batch`), runs :class:`~.predictor.Predictor` on a fixed pool of actors (one
-per GPU, ``num_gpus=1`` each; or CPU actors), streams batches through them and writes each finished block as a file. Ray
-Data restarts an actor that dies and retries its batch there (its defaults for actor pools: ``max_restarts=-1``,
-``max_task_retries=-1``); a batch's rows are written only from a batch that completed, so an image is neither lost
-nor written twice. Re-running with the same ``output`` predicts only the paths not already in it.
+The work is Ray Data's: ``map_batches`` decodes the files in Ray tasks ahead of the actors
+(:func:`~.decode.decode_batch`; or, with ``decode="actor"``, in the actors), runs :class:`~.predictor.Predictor` on
+a fixed pool of actors (one per GPU, ``num_gpus=1`` each; or CPU actors), streams batches through them and writes
+each finished block as a file. Ray Data restarts an actor that dies and retries its batch there (its defaults for
+actor pools: ``max_restarts=-1``, ``max_task_retries=-1``); a batch's rows are written only from a batch that
+completed, so an image is neither lost nor written twice. Re-running with the same ``output`` predicts only the
+paths not already in it.
 """
 
 from __future__ import annotations
@@ -133,20 +134,21 @@ def _check_positive(name: str, value) -> None:
 
 
 def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, num_gpus: int | None = None,
-                    cpu_actors: int = 1, output_format: str = "parquet", decode: str = "actor",
+                    cpu_actors: int = 1, output_format: str = "parquet", decode: str = "tasks",
                     decode_threads: int | None = None, **predict_args) -> Summary:
     """Predict every image of ``source`` on a Ray cluster and write one row per image to ``output``.
 
     Connects to the running cluster (``RAY_ADDRESS``, or a ``ray.init`` already made) or starts a local one.
 
-    ``decode="actor"`` (the default) decodes in the actor, on ``decode_threads`` threads: only paths (or file bytes)
-    travel between processes, not decoded images (several times the size of the JPEGs). ``decode="tasks"`` decodes
-    the files in Ray tasks of one CPU each, ahead of the actors: Ray spreads the decoding over every CPU of the
-    cluster (CPU-only nodes included), and a GPU actor's process only predicts, its GIL the model's (decoding in the
-    actor, its decoder threads and its predict thread share one GIL: on one H200, 16 cores, batch 64 of 720p JPEGs,
-    the actor's ``model.predict`` took 87 ms a batch against 52 ms in a process of its own). It is not the default
-    because it has not measured faster: on one H200 (32af191) runs of 12288 720p JPEGs took 27.1 and 37.0 s with
-    tasks, 29.6 and 31.5 s in the actor, within the spread of the runs' start-up.
+    ``decode="tasks"`` (the default) decodes the files in Ray tasks of one CPU each, ahead of the actors: Ray spreads
+    the decoding over every CPU of the cluster (CPU-only nodes included), and a GPU actor's process only predicts,
+    its GIL the model's. ``decode="actor"`` decodes in the actor, on ``decode_threads`` threads: only paths (or file
+    bytes) travel between processes, not decoded images (several times the size of the JPEGs), but the decoder
+    threads share the actor's GIL with its predict thread (one H200, 16 cores, batch 64 of 720p JPEGs: the actor's
+    ``model.predict`` took 87 ms a batch against 52 ms in a process of its own). Measured on one H200 (2de059b,
+    12288 720p JPEGs, batch 64; ``model.predict`` 1123 img/s): a second run of the cluster with tasks took 26.6 s and
+    predicted 1127 img/s steady, in the actor 28.4 s and 802 img/s (32af191: 27.1 against 29.6 s). The cluster's
+    first run was slower with tasks (44.1 s, 517 img/s; in the actor 35.3 s, 737 img/s).
 
     Args:
         model: A weights file or model name/YAML (every node must be able to read the file), or a ``YOLO`` object.
