@@ -2,9 +2,13 @@
 # One call on the GPU machine: install the carried Ultralytics wheel, build the operators, run the test suite
 # (CUDA tests included; PYTEST_ARGS is shell words, so -k 'not slow' keeps its quotes), then the benchmarks named
 # as arguments (e.g. "decode --predict"; separate with ';').
-# Logs go to $OUT (the device tool's return folder) when set.
+# Logs go to $OUT (the device tool's return folder) when set. A carried .ray/ray-pack.tar.xz (benchmarks/pack_ray.sh)
+# is unpacked into /tmp/site first, for bench scale and the Ray tests.
 set -o pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+if [ -f .ray/ray-pack.tar.xz ] && [ ! -d /tmp/site/ray ]; then
+  mkdir -p /tmp/site && tar -xJf .ray/ray-pack.tar.xz -C /tmp/site || exit 1
+fi
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 MAX_JOBS=16 YOLO_FASTDETECT_CACHE=/tmp/yfd_cache
 export YOLO_OFFLINE=1 YOLO_AUTOINSTALL=false ULTRALYTICS_SKIP_REQUIREMENTS_CHECKS=1 YOLO_VERBOSE=false

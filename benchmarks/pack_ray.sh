@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Packs ray[data] and its dependencies, pruned, as .ray/ray-pack.tar.xz (under the device tool's 64 MiB carry), for a
 # machine without network: `bash benchmarks/pack_ray.sh [PYTHON_VERSION (3.12)] [TARGET_DIR (for a test unpacked)]`.
-# There: `mkdir -p /tmp/site && tar -xJf .ray/ray-pack.tar.xz -C /tmp/site` and put /tmp/site first on PYTHONPATH.
+# There: `mkdir -p /tmp/site && tar -xJf .ray/ray-pack.tar.xz -C /tmp/site` and put /tmp/site first on PYTHONPATH
+# (benchmarks/device_run.sh does both where .ray is carried).
 # NO_TAR=1 only installs and prunes into TARGET_DIR (to try the pruned packages here with the local Python's version).
 set -euo pipefail
 cd "$(dirname "$0")/.."
