@@ -32,6 +32,7 @@ from yolo_fastdetect.bench._source_data import write_jpegs  # noqa: E402
 from yolo_fastdetect.ray import (  # noqa: E402
     Predictor,
     decode_batch,
+    decode_mode,
     decode_rows,
     input_channels,
     predict_dataset,
@@ -313,6 +314,28 @@ def test_predict_many_command(cluster, model, folder, tmp_path):
     assert sorted(rows["path"].to_pylist()) == sorted(reference)
     assert dict(zip(rows["path"].to_pylist(), rows["detections"].to_pylist())) == {
         path: len(r.boxes) for path, r in reference.items()}
+
+
+def test_decode_mode_leaves_the_tasks_a_cpu():
+    """The default decodes in tasks only where a CPU is left beyond the actors' (each holds one): on a 1-CPU cluster
+    with one actor, the decode tasks never ran and predict_dataset hung (checked by hand at 3b872ad, where tasks was
+    the default whatever the CPUs); decode_threads asks for the actor's threads."""
+    assert decode_mode(None, None, cluster_cpus=2, actors=1) == "tasks"
+    assert decode_mode(None, None, cluster_cpus=1, actors=1) == "actor"
+    assert decode_mode(None, None, cluster_cpus=5.5, actors=4) == "tasks"
+    assert decode_mode(None, None, cluster_cpus=4.5, actors=4) == "actor"  # a decode task asks for a whole CPU
+    assert decode_mode(None, 4, cluster_cpus=16, actors=1) == "actor"
+    assert decode_mode("actor", None, cluster_cpus=1, actors=1) == "actor"
+    assert decode_mode("tasks", None, cluster_cpus=3, actors=2) == "tasks"
+    with pytest.raises(ValueError, match=r"decode='tasks' needs a CPU beyond the actors' .* 2 CPUs for 2 actor"):
+        decode_mode("tasks", None, cluster_cpus=2, actors=2)
+
+
+def test_decode_in_tasks_without_a_spare_cpu_is_refused(cluster, model, folder, tmp_path):
+    """On the tests' 2-CPU cluster, two CPU actors leave no CPU for decode tasks: refused before any work."""
+    with pytest.raises(ValueError, match="decode='tasks' needs a CPU beyond the actors'"):
+        predict_dataset(model, str(folder), tmp_path, batch_size=4, imgsz=IMGSZ, cpu_actors=2, decode="tasks")
+    assert not list(tmp_path.iterdir())
 
 
 def test_bad_arguments_are_named(model, folder, tmp_path):

@@ -19,7 +19,8 @@ usage: yolo-fastdetect predict-many model=MODEL source=SOURCE output=FOLDER [key
     format=parquet    or json (JSON lines)
     decode=tasks      where the files decode: tasks (Ray tasks of one CPU each, ahead of the actors: decoding
                       on every CPU of the cluster, CPU-only nodes too, and the GPU actors only predict) or actor
-                      (in each actor, on its own threads: only paths travel between processes)
+                      (in each actor, on its own threads: only paths travel between processes); default tasks,
+                      or actor where the actors take every CPU of the cluster or decode_threads is given
     decode_threads=N  decoder threads per actor with decode=actor (default: the node's cores, less one)
   any other key is an argument of model.predict: imgsz=640 conf=0.25 iou=0.7 quantize=16 max_det=300 ...
   e.g. yolo-fastdetect predict-many model=yolo11n.pt source=images/ output=detections/ quantize=16"""

@@ -128,27 +128,50 @@ def _counts(table: pa.Table) -> tuple[int, int, int]:
     return table.num_rows, int(pc.sum(table["detections"]).as_py() or 0), table.num_rows - table["error"].null_count
 
 
+def decode_mode(decode: str | None, decode_threads: int | None, cluster_cpus: float, actors: int) -> str:
+    """Where :func:`predict_dataset` decodes: ``decode`` as given, or by default ``"tasks"`` where the cluster has a
+    CPU beyond the ``actors``' (one each) and ``decode_threads`` is not given, else ``"actor"``. ``"tasks"`` without
+    such a CPU is a ValueError: Ray would wait forever for a CPU to run the decode tasks on (a 1-CPU cluster hung).
+
+    Examples:
+        >>> decode_mode(None, None, cluster_cpus=16, actors=1), decode_mode(None, None, cluster_cpus=1, actors=1)
+        ('tasks', 'actor')
+    """
+    spare = cluster_cpus - actors >= 1
+    if decode is None:
+        return "tasks" if spare and decode_threads is None else "actor"
+    if decode not in DECODE:
+        raise ValueError(f"predict_dataset: decode must be one of {', '.join(DECODE)}, got {decode!r}")
+    if decode_threads is not None and decode != "actor":
+        raise ValueError(f"predict_dataset: decode_threads is for decode='actor' (decode={decode!r} decodes in Ray "
+                         f"tasks of one CPU each), got decode_threads={decode_threads!r}")
+    if decode == "tasks" and not spare:
+        raise ValueError(f"predict_dataset: decode='tasks' needs a CPU beyond the actors' to decode on (the cluster "
+                         f"has {cluster_cpus:g} CPUs for {actors} actor(s) of one CPU each); use decode='actor'")
+    return decode
+
+
 def _check_positive(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"predict_dataset: {name} must be a positive integer, got {value!r}")
 
 
 def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, num_gpus: int | None = None,
-                    cpu_actors: int = 1, output_format: str = "parquet", decode: str = "tasks",
+                    cpu_actors: int = 1, output_format: str = "parquet", decode: str | None = None,
                     decode_threads: int | None = None, **predict_args) -> Summary:
     """Predict every image of ``source`` on a Ray cluster and write one row per image to ``output``.
 
     Connects to the running cluster (``RAY_ADDRESS``, or a ``ray.init`` already made) or starts a local one.
 
-    ``decode="tasks"`` (the default) decodes the files in Ray tasks of one CPU each, ahead of the actors: Ray spreads
-    the decoding over every CPU of the cluster (CPU-only nodes included), and a GPU actor's process only predicts,
-    its GIL the model's. ``decode="actor"`` decodes in the actor, on ``decode_threads`` threads: only paths (or file
-    bytes) travel between processes, not decoded images (several times the size of the JPEGs), but the decoder
-    threads share the actor's GIL with its predict thread (one H200, 16 cores, batch 64 of 720p JPEGs: the actor's
-    ``model.predict`` took 87 ms a batch against 52 ms in a process of its own). Measured on one H200 (2de059b,
-    12288 720p JPEGs, batch 64; ``model.predict`` 1123 img/s): a second run of the cluster with tasks took 26.9 s and
-    predicted 1127 img/s steady, in the actor 28.4 s and 802 img/s (32af191: 27.1 against 29.6 s). The cluster's
-    first run, with tasks, was slower (44.1 s, 517 img/s).
+    ``decode="tasks"`` (the default, where the cluster has a CPU beyond the actors') decodes the files in Ray tasks of
+    one CPU each, ahead of the actors: Ray spreads the decoding over every CPU of the cluster (CPU-only nodes included),
+    and a GPU actor's process only predicts, its GIL the model's. ``decode="actor"`` decodes in the actor, on
+    ``decode_threads`` threads: only paths (or file bytes) travel between processes, not decoded images (several times
+    the size of the JPEGs), but the decoder threads share the actor's GIL with its predict thread (one H200, 16 cores,
+    batch 64 of 720p JPEGs: the actor's ``model.predict`` took 87 ms a batch against 52 ms in a process of its own).
+    Measured on one H200 (2de059b, 12288 720p JPEGs, batch 64; ``model.predict`` 1123 img/s): a second run of the
+    cluster with tasks took 26.9 s and predicted 1127 img/s steady, in the actor 28.4 s and 802 img/s (32af191: 27.1
+    against 29.6 s). The cluster's first run, with tasks, was slower (44.1 s, 517 img/s).
 
     Args:
         model: A weights file or model name/YAML (every node must be able to read the file), or a ``YOLO`` object.
@@ -161,8 +184,9 @@ def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, 
             without GPUs): ``cpu_actors`` actors on the CPU.
         cpu_actors (int): Actors when no GPU is used.
         output_format (str): ``"parquet"`` or ``"json"`` (JSON lines).
-        decode (str): Where the files decode: ``"tasks"`` (Ray tasks ahead of the actors) or ``"actor"`` (see
-            above).
+        decode (str, optional): Where the files decode: ``"tasks"`` (Ray tasks ahead of the actors) or ``"actor"``
+            (see above). Default (:func:`decode_mode`): ``"tasks"``, or ``"actor"`` where every CPU of the cluster
+            goes to an actor (decode tasks would never run) or ``decode_threads`` is given.
         decode_threads (int, optional): Decoder threads per actor with ``decode="actor"`` (default: the node's
             cores, less one).
         **predict_args: Arguments of ``model.predict`` (``imgsz``, ``conf``, ``iou``, ``quantize``, ...).
@@ -185,11 +209,8 @@ def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, 
         raise ValueError(f"predict_dataset: num_gpus must be a non-negative integer or None, got {num_gpus!r}")
     if output_format not in FORMATS:
         raise ValueError(f"predict_dataset: output_format must be one of {', '.join(FORMATS)}, got {output_format!r}")
-    if decode not in DECODE:
-        raise ValueError(f"predict_dataset: decode must be one of {', '.join(DECODE)}, got {decode!r}")
-    if decode_threads is not None and decode != "actor":
-        raise ValueError(f"predict_dataset: decode_threads is for decode='actor' (decode={decode!r} decodes in Ray "
-                         f"tasks of one CPU each), got decode_threads={decode_threads!r}")
+    # Bad values fail here, before any work; the default and the check of the CPUs wait for the cluster below.
+    decode_mode(decode, decode_threads, cluster_cpus=float("inf"), actors=1)
     get_cfg(overrides=predict_args)  # Ultralytics' own error for an argument it does not know, before any work
     model = shippable(model)
     paths = None if isinstance(source, ray.data.Dataset) else image_paths(source)
@@ -201,6 +222,7 @@ def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, 
         ray.init()  # reads RAY_ADDRESS; without it, a local cluster of this machine
     gpus = int(ray.cluster_resources().get("GPU", 0)) if num_gpus is None else num_gpus
     actors = gpus or cpu_actors
+    decode = decode_mode(decode, decode_threads, ray.cluster_resources().get("CPU", 0), actors)
 
     begin = time.perf_counter()
     if paths is None:
