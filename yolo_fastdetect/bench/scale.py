@@ -8,7 +8,7 @@ predicts the folder at ``--batch`` with the same model and arguments (fp16 on CU
 - ``predict_dataset`` on a local Ray cluster of this machine (or the one ``RAY_ADDRESS`` names) with ``--gpus``
   actors (one per GPU; CPU actors on ``--device cpu``), into a fresh output folder each time, once per ``--decode``
   mode (``tasks``: the files decode in Ray tasks ahead of the actors; ``actor``: in the actors; both by default, in
-  turn within each repeat, for an A/B of one run, after an untimed first run of the cluster): its wall rate (actor
+  turn within each repeat, for an A/B of one run, after a first run of the cluster left out): its wall rate (actor
   start-up and model load included), and its steady rate, which leaves out that fixed cost: the actor notes when
   each batch's detections are ready (:mod:`._scale_actor`), and the rate is the rows of every batch but the first
   over the time from the first to the last (medians of ``--repeats``). The fixed cost is the run's time less what
@@ -106,12 +106,12 @@ def run(args) -> dict:
         ray.init(num_gpus=gpus if not os.environ.get("RAY_ADDRESS") else None, include_dashboard=False,
                  runtime_env={"env_vars": {TIMES_VARIABLE: str(times)}})
         ray.data.DataContext.get_current().enable_progress_bars = False
-        # The cluster's first run, untimed, as model.predict's first pass: at 2de059b (H200, 12288 720p JPEGs) it
-        # took 44.1 s with decode=tasks, its second 26.9 s (and the first pass left as the median's half: 517 and
-        # 1127 img/s steady, 73 % of model.predict where the second alone was 100 %).
+        # The cluster's first run, left out of the medians as model.predict's first pass is: at 2de059b (H200, 12288
+        # 720p JPEGs) it took 44.1 s with decode=tasks, its second 26.9 s (and as half of the median: 517 and 1127
+        # img/s steady, 73 % of model.predict where the second alone was 100 %).
         first_seconds, first_steady, _ = dataset_run(model, str(root / "images"), root / "out_first", args.batch,
                                                      gpus, args.decode[0], ray_options, times)
-        print(f"  the cluster's first run (decode={args.decode[0]}, untimed): {first_seconds:.1f} s, "
+        print(f"  the cluster's first run (decode={args.decode[0]}, not in the medians): {first_seconds:.1f} s, "
               f"{first_steady:.1f} images/s steady", flush=True)
         runs = {decode: {"seconds": [], "steady": []} for decode in args.decode}
         detections = {}
