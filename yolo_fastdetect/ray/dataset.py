@@ -220,9 +220,10 @@ def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, 
     done = set(before["path"].to_pylist())
     if not ray.is_initialized():
         ray.init()  # reads RAY_ADDRESS; without it, a local cluster of this machine
-    gpus = int(ray.cluster_resources().get("GPU", 0)) if num_gpus is None else num_gpus
+    resources = ray.cluster_resources()  # a request to the cluster's control store: once
+    gpus = int(resources.get("GPU", 0)) if num_gpus is None else num_gpus
     actors = gpus or cpu_actors
-    decode = decode_mode(decode, decode_threads, ray.cluster_resources().get("CPU", 0), actors)
+    decode = decode_mode(decode, decode_threads, resources.get("CPU", 0), actors)
 
     begin = time.perf_counter()
     if paths is None:
