@@ -10,11 +10,13 @@ import cv2
 import numpy as np
 import pytest
 import torch
+import ultralytics.engine.predictor as engine_predictor
 from ultralytics.engine.predictor import BasePredictor
 from ultralytics.models.yolo.detect import DetectionPredictor
 from ultralytics.models.yolo.obb import OBBPredictor
 from ultralytics.models.yolo.pose import PosePredictor
 from ultralytics.models.yolo.segment import SegmentationPredictor
+from ultralytics.utils import torch_utils
 
 import yolo_fastdetect
 from conftest import asset_images, detecting_model
@@ -76,10 +78,12 @@ def test_enable_disable_round_trip():
     yolo_fastdetect.disable()  # idempotent
     assert not predictor_patch.is_applied() and not yolo_fastdetect.is_enabled()
     assert DetectionPredictor.inference is BasePredictor.inference
+    assert engine_predictor.attempt_compile is torch_utils.attempt_compile
     yolo_fastdetect.enable()
     yolo_fastdetect.enable()
     assert predictor_patch.is_applied() and yolo_fastdetect.is_enabled()
     assert SegmentationPredictor.inference is predictor_patch.inference
+    assert engine_predictor.attempt_compile is predictor_patch.attempt_compile
 
 
 def test_cpu_runs_the_stock_paths(monkeypatch):
