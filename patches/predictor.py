@@ -16,9 +16,9 @@ file sources, letterbox on the GPU, forward pass from CUDA graphs.
 
 ``DetectionPredictor`` inherits these methods from ``BasePredictor``; ``apply()`` sets them on ``DetectionPredictor``
 (so Segment, Pose and OBB predictors get them too), and ``attempt_compile`` in ``ultralytics.engine.predictor``;
-``revert()`` restores both as they were. Everything
-else (CPU preprocessing and inference, other model formats, ``augment``/``embed``/``visualize``, a custom
-``pre_transform``, forward hooks such as the tracker's ReID hook, extra arguments) runs the stock method.
+``revert()`` restores both as they were. Everything else (CPU preprocessing and inference, other model formats,
+``augment``/``embed``/``visualize``, a custom ``pre_transform``, forward hooks such as the tracker's ReID hook, extra
+arguments) runs the stock method.
 
 The replayed outputs are the graph's static tensors and are overwritten by the next replay of that shape. The stock
 loop post-processes a batch before it runs the next one, and NMS makes new tensors for the ``Results``, so nothing a
@@ -210,15 +210,13 @@ def attempt_compile(model: torch.nn.Module, device: torch.device, imgsz: int = 6
     graphs of its own compiles without them where :func:`inference` will replay the compiled forward from ours: a
     ``"pt"`` network of :data:`_GRAPHED_NETWORKS` on a CUDA device, ``YOLO_FASTDETECT_GRAPHS`` not 0. One graph
     capture, not two, and ours measured faster (see :data:`_WITHOUT_OWN_GRAPHS`)."""
-    ours = (
-        _WITHOUT_OWN_GRAPHS.get(mode)
-        if isinstance(mode, str)
-        and os.environ.get(GRAPHS_VARIABLE, "1") != "0"
+    replayed_by_ours = (
+        os.environ.get(GRAPHS_VARIABLE, "1") != "0"
         and device.type == "cuda"
         and isinstance(model, AutoBackend)
         and _graphable(model)
-        else None
     )
+    ours = _WITHOUT_OWN_GRAPHS.get(mode) if replayed_by_ours and isinstance(mode, str) else None
     compiled = _ORIGINALS["attempt_compile"](model, device=device, imgsz=imgsz, use_autocast=use_autocast,
                                              warmup=warmup, mode=ours or mode)
     if ours is not None and compiled is not model:  # it falls back to the model where compile is unavailable
