@@ -78,7 +78,7 @@ def decode_rows(paths: Sequence[str], contents: Sequence[bytes | None] | None, c
         return list(decoded)
 
 
-def decode_batch(batch: dict[str, np.ndarray], channels: int = 3) -> pa.Table:
+def decode_batch(batch: dict[str, np.ndarray], channels: int = 3, lower_priority: bool = False) -> pa.Table:
     """A batch of rows (``path``, optionally ``bytes``) as decoded rows, for ``Dataset.map_batches``: columns
     ``path``, ``image`` (what :func:`decode_rows` gives; for a row that failed, an empty ``(0, 0, channels)`` image)
     and ``error`` (the message, or None); ``bytes`` is dropped.
@@ -89,6 +89,8 @@ def decode_batch(batch: dict[str, np.ndarray], channels: int = 3) -> pa.Table:
     Args:
         batch: The rows, as Ray Data's ``batch_format="numpy"`` gives them.
         channels: Image channels of the model (1 grayscale, 3 BGR).
+        lower_priority: Decode below the task's priority (Linux): for GPU actors on the same machine, whose
+            predicting thread must not wait for a CPU that decode tasks hold.
 
     Examples:
         >>> import ray
@@ -100,7 +102,7 @@ def decode_batch(batch: dict[str, np.ndarray], channels: int = 3) -> pa.Table:
     from ray.data.extensions import ArrowTensorArray
 
     paths = [str(path) for path in batch["path"]]
-    decoded = decode_rows(paths, batch.get("bytes"), channels)
+    decoded = decode_rows(paths, batch.get("bytes"), channels, lower_priority=lower_priority)
     # Filled row by row: np.array(list) would stack images of one size into one array. A failed row's image is empty
     # but of the same rank, which Ray's tensor column takes (one size: fixed-shape, else variable-shaped).
     images = np.empty(len(decoded), dtype=object)
