@@ -169,9 +169,9 @@ def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, 
     ``decode_threads`` threads: only paths (or file bytes) travel between processes, not decoded images (several times
     the size of the JPEGs), but the decoder threads share the actor's GIL with its predict thread (one H200, 16 cores,
     batch 64 of 720p JPEGs: the actor's ``model.predict`` took 87 ms a batch against 52 ms in a process of its own).
-    Measured on one H200 (2de059b, 12288 720p JPEGs, batch 64; ``model.predict`` 1123 img/s): a second run of the
-    cluster with tasks took 26.9 s and predicted 1127 img/s steady, in the actor 28.4 s and 802 img/s (32af191: 27.1
-    against 29.6 s). The cluster's first run, with tasks, was slower (44.1 s, 517 img/s).
+    Measured on one H200 (12288 720p JPEGs, batch 64; warm runs of the cluster on three machines, 2de059b-81913a7):
+    with tasks 1107-1127 img/s steady (``model.predict`` on the same folder 1123-1298), in the actor 802-831 img/s.
+    The cluster's first run, with tasks, was slower (517-647 img/s).
 
     Args:
         model: A weights file or model name/YAML (every node must be able to read the file), or a ``YOLO`` object.
