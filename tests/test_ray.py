@@ -143,16 +143,18 @@ def test_predictor_rows_match_predict(model, folder, expected):
     assert by_decoded.drop_columns("path").equals(by_path.drop_columns("path"))
 
 
+@pytest.mark.parametrize("lower_priority", [False, True])
 @pytest.mark.parametrize("channels", [3, 1])
-def test_decode_batch_is_decode_rows(folder, channels):
+def test_decode_batch_is_decode_rows(folder, channels, lower_priority):
     """The decode stage's rows, after Ray's Arrow round trip: the images of ``decode_rows`` (gray for a grayscale
     model), an empty image and the message for each row that failed (corrupt, empty, missing, bytes of nothing),
-    no ``bytes`` column; images of one size come as one array, of several sizes as one per row."""
+    no ``bytes`` column; images of one size come as one array, of several sizes as one per row. The same below the
+    task's priority (as ahead of GPU actors)."""
     paths = sorted(str(p) for p in folder.iterdir()) + [str(folder / "missing.jpg")]
     contents = [None if index % 2 else Path(path).read_bytes() for index, path in enumerate(paths[:-1])] + [b""]
     reference = decode_rows(paths, contents, channels)
     batch = {"path": np.array(paths, dtype=object), "bytes": np.array(contents, dtype=object)}
-    decoded = as_ray_batch(decode_batch(batch, channels))
+    decoded = as_ray_batch(decode_batch(batch, channels, lower_priority))
     assert sorted(decoded) == ["error", "image", "path"] and list(decoded["path"]) == paths
     assert decoded["image"].dtype == object  # several sizes
     errors = [image if isinstance(image, str) else None for image in reference]
