@@ -1,11 +1,10 @@
 """Typed wrappers over the ``torch.ops.yolo_fastdetect`` operators, with their fake kernels and references."""
 
 from .detect_decode import detect_decode, detect_decode_reference
-from .letterbox import LetterboxGeometry, letterbox, letterbox_geometry
+from .letterbox import LetterboxGeometry, letterbox, letterbox_geometry, scale_boxes_batch
 from .multiscale_roi_align import MultiScaleRoIAlign, fpn_levels, multiscale_roi_align
 from .nms import batched_nms, non_max_suppression, non_max_suppression_reference
 from .roi_align import RoIAlign, boxes_to_rois, roi_align, roi_align_reference
-from .scale_boxes import scale_boxes_batch
 
 __all__ = [
     "LetterboxGeometry",

@@ -5,7 +5,7 @@ Stock Ultralytics letterboxes each image on the CPU (``LetterBox``: ``cv2.resize
 HWC -> CHW, ``.half()``/``.float()``, ``/ 255``). :func:`letterbox` uploads the original images once and does all of
 it in one kernel launch per batch (images of any sizes), with cv2's 8-bit fixed-point arithmetic, so the model input
 is bit-identical to stock's.
-(:mod:`.scale_boxes` maps detections back to the original images.)
+:func:`scale_boxes_batch` maps detections back to the original images, as ``ultralytics.utils.ops.scale_boxes``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 
 from .._ext import on_load, require
 
-__all__ = ["LetterboxGeometry", "letterbox", "letterbox_geometry"]
+__all__ = ["LetterboxGeometry", "letterbox", "letterbox_geometry", "scale_boxes_batch"]
 
 PADDING_VALUE = 114
 
@@ -356,6 +356,43 @@ def letterbox(
     params = _image_params(geometries, offsets, pin=device.type == "cuda")
     torch.ops.yolo_fastdetect.letterbox(packed, params, _value_table(dtype, device), out)
     return out, geometries
+
+
+def scale_boxes_batch(
+    boxes: torch.Tensor, geometries: Sequence[LetterboxGeometry], xywh: bool = False
+) -> torch.Tensor:
+    """Map boxes from the model input back to each original image, on the boxes' device.
+
+    Matches ``ultralytics.utils.ops.scale_boxes(img.shape[2:], boxes, orig_shape)`` as the predictor calls it
+    (``ratio_pad=geometry.ratio_pad`` for a padding that is not centred): subtract the padding, divide by the
+    per-axis gain, and for ``xyxy`` clip to the original image.
+
+    Args:
+        boxes (torch.Tensor): ``(B, N, C)`` with ``C >= 4``, the first four columns ``x1, y1, x2, y2`` (or
+            ``x, y, w, h``), e.g. the fixed-size detections of :func:`batched_nms`; other columns are kept.
+        geometries (Sequence[LetterboxGeometry]): One per batch image, from :func:`letterbox`.
+        xywh (bool): Boxes are ``x, y, w, h`` (shifted and scaled, not clipped).
+
+    Returns:
+        (torch.Tensor): A new tensor like ``boxes`` with the first four columns in original-image pixels.
+    """
+    if boxes.dim() != 3 or boxes.shape[2] < 4:
+        raise ValueError(f"scale_boxes_batch: boxes must be (B, N, >=4), got {tuple(boxes.shape)}")
+    if len(geometries) != boxes.shape[0]:
+        raise ValueError(f"scale_boxes_batch: {len(geometries)} geometries for a batch of {boxes.shape[0]}")
+    per_image = [(g.ratio_pad, g.orig_shape) for g in geometries]
+    # (B, 1, 2, 2): rows are the two corners (or xy and wh), columns x and y.
+    options = {"dtype": boxes.dtype, "device": boxes.device}
+    gain = torch.tensor([[gx, gy] for ((gy, gx), _), _ in per_image], **options).view(-1, 1, 1, 2)
+    pad = torch.tensor([[px, py] for (_, (px, py)), _ in per_image], **options).view(-1, 1, 1, 2)
+    corner_pads = torch.cat((pad, torch.zeros_like(pad) if xywh else pad), 2)
+    coordinates = (boxes[..., :4].unflatten(-1, (2, 2)) - corner_pads) / gain
+    if not xywh:
+        limit = torch.tensor([[w, h] for _, (h, w) in per_image], **options).view(-1, 1, 1, 2)
+        coordinates = torch.minimum(coordinates.clamp(min=0), limit)
+    scaled = boxes.clone()
+    scaled[..., :4] = coordinates.flatten(-2)
+    return scaled
 
 
 # Fake kernel -----------------------------------------------------------------------------------------------------
