@@ -334,10 +334,10 @@ def test_cuda_matches_cpu_operator(generator):
 @pytest.mark.parametrize("batch", [1, 7])
 def test_cuda_matches_cpu_operator_on_dense_overlapping_boxes(generator, batch):
     """Every anchor a candidate, in clusters of heavily overlapping boxes (as the seeded models of the benchmarks
-    give): the CUDA operator's chunks of candidates filtered by the boxes kept before them, then its tiles, equal
-    the CPU operator's plain greedy loop bit for bit. At IoU 0.45 a few hundred boxes are kept from all 8400
-    candidates (every chunk visited); max_det 3000 keeps the boxes outside shared memory. The thresholds are exact
-    in float32 (the CPU compares in double, the GPU in float32: bfloat16 boxes reach an IoU of 0.6 exactly)."""
+    give): the CUDA operator's tiled suppression equals the CPU operator's plain greedy loop bit for bit. At IoU 0.45
+    a few hundred boxes are kept from all 8400 candidates (every tile visited); max_det 3000 keeps the boxes outside
+    shared memory. The thresholds are exact in float32 (the CPU compares in double, the GPU in float32: bfloat16
+    boxes reach an IoU of 0.6 exactly)."""
     num_anchors, num_classes = 8400, 4
     prediction = make_prediction(generator, batch, num_classes=num_classes, num_anchors=num_anchors)
     centres = torch.rand(batch, 2, 40, generator=generator) * IMAGE_SIZE

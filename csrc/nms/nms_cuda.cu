@@ -7,13 +7,10 @@
 //    image's segment of a (B * max_candidates) buffer.
 // 2. cub's segmented radix sort orders every image's segment by key, descending: score descending, then
 //    candidate index ascending, the order in which the stock function visits boxes.
-// 3. suppress_kernel, one block per image: greedy suppression over chunks of 512 sorted candidates. First each
-//    thread tests one candidate of the chunk against every box kept before the chunk; the survivors (where boxes
-//    overlap, most candidates are hidden here) then go in tiles of 64: a survivor is dropped when a box kept
-//    earlier in the chunk overlaps it (all pairs tested in parallel) or when an earlier kept box of its own tile
-//    does (a 64-bit mask per tile row, resolved in order by one thread). Kept boxes are written straight to the
-//    output; the loop ends once max_det boxes are kept. (The seeded yolov8s of `bench e2e`, 6300 candidates an
-//    image, went through 99 tiles of 64: 600 us a batch-1 image on the H200.)
+// 3. suppress_kernel, one block per image: greedy suppression over tiles of 64 sorted candidates. A candidate
+//    is dropped when a box kept in an earlier tile overlaps it (all pairs tested in parallel) or when an earlier
+//    kept box of its own tile does (a 64-bit mask per tile row, resolved in order by one thread). Kept boxes
+//    are written straight to the output; the loop ends once max_det boxes are kept.
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -124,9 +121,6 @@ __global__ void __launch_bounds__(kSuppressThreads)
                     float* __restrict__ kept_boxes_scratch, float* __restrict__ detections,
                     int64_t* __restrict__ counts, int64_t* __restrict__ anchor_indices) {
   extern __shared__ float shared_kept_boxes[];
-  __shared__ int survivors[kSuppressThreads];  // positions in the chunk of its candidates that no earlier box hid
-  __shared__ int warp_survivors[kSuppressThreads / 32];
-  __shared__ int num_survivors;
   __shared__ Candidate tile[kTile];
   __shared__ uint64_t overlaps_later[kTile];  // row i: bit j set when tile box j (j > i) overlaps tile box i
   __shared__ unsigned long long suppressed_by_kept;
@@ -143,93 +137,56 @@ __global__ void __launch_bounds__(kSuppressThreads)
   // Class-offset boxes kept so far, 4 floats each, in kept order.
   float* kept_boxes =
       kept_boxes_scratch == nullptr ? shared_kept_boxes : kept_boxes_scratch + image * params.max_det * 4;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   if (threadIdx.x == 0) num_kept = 0;
   __syncthreads();
 
-  for (int64_t chunk_start = 0; chunk_start < num_candidates && num_kept < params.max_det;
-       chunk_start += kSuppressThreads) {
-    // Each thread tests one candidate of the chunk against every box kept before the chunk.
-    const int64_t kept_before_chunk = num_kept;
-    bool survives = false;
-    if (chunk_start + threadIdx.x < num_candidates) {
-      const Candidate candidate =
-          decode_candidate(image_prediction, sorted_keys[first_key + chunk_start + threadIdx.x], params);
-      survives = true;
-      for (int64_t kept = 0; kept < kept_before_chunk && survives; ++kept) {
-        const float earlier[4] = {kept_boxes[4 * kept], kept_boxes[4 * kept + 1], kept_boxes[4 * kept + 2],
-                                  kept_boxes[4 * kept + 3]};
-        survives = !iou_above(earlier, candidate.offset_box, iou_thres);
-      }
-    }
-    // The survivors' positions, in order.
-    const unsigned int ballot = __ballot_sync(0xffffffffu, survives);
-    if (lane == 0) warp_survivors[warp] = __popc(ballot);
+  for (int64_t tile_start = 0; tile_start < num_candidates && num_kept < params.max_det; tile_start += kTile) {
+    const int tile_size = static_cast<int>(min(static_cast<int64_t>(kTile), num_candidates - tile_start));
+    if (threadIdx.x < tile_size)
+      tile[threadIdx.x] = decode_candidate(image_prediction, sorted_keys[first_key + tile_start + threadIdx.x], params);
+    if (threadIdx.x == 0) suppressed_by_kept = 0;
     __syncthreads();
+
+    const int64_t kept_before = num_kept;
+    for (int64_t pair = threadIdx.x; pair < kept_before * tile_size; pair += blockDim.x) {
+      const int64_t kept = pair / tile_size;
+      const int candidate = static_cast<int>(pair - kept * tile_size);
+      const float earlier[4] = {kept_boxes[4 * kept], kept_boxes[4 * kept + 1], kept_boxes[4 * kept + 2],
+                                kept_boxes[4 * kept + 3]};
+      if (iou_above(earlier, tile[candidate].offset_box, iou_thres)) atomicOr(&suppressed_by_kept, 1ull << candidate);
+    }
+    if (threadIdx.x < tile_size) {
+      uint64_t row = 0;
+      for (int later = threadIdx.x + 1; later < tile_size; ++later)
+        if (iou_above(tile[threadIdx.x].offset_box, tile[later].offset_box, iou_thres)) row |= uint64_t{1} << later;
+      overlaps_later[threadIdx.x] = row;
+    }
+    __syncthreads();
+
     if (threadIdx.x == 0) {
-      int total = 0;
-      for (int w = 0; w < kSuppressThreads / 32; ++w) {
-        const int in_warp = warp_survivors[w];
-        warp_survivors[w] = total;
-        total += in_warp;
+      uint64_t alive = (tile_size == kTile ? ~uint64_t{0} : (uint64_t{1} << tile_size) - 1) & ~suppressed_by_kept;
+      uint64_t kept = 0;
+      int64_t room = params.max_det - kept_before;
+      for (int i = 0; i < tile_size && room > 0; ++i) {
+        if (!((alive >> i) & 1)) continue;
+        kept |= uint64_t{1} << i;
+        --room;
+        alive &= ~overlaps_later[i];
       }
-      num_survivors = total;
+      kept_in_tile = kept;
     }
     __syncthreads();
-    if (survives) survivors[warp_survivors[warp] + __popc(ballot & ((1u << lane) - 1))] = threadIdx.x;
-    __syncthreads();
 
-    // Greedy suppression of the survivors in tiles of 64, against the boxes kept in this chunk.
-    for (int tile_start = 0; tile_start < num_survivors && num_kept < params.max_det; tile_start += kTile) {
-      const int tile_size = min(kTile, num_survivors - tile_start);
-      if (threadIdx.x < tile_size)
-        tile[threadIdx.x] = decode_candidate(
-            image_prediction, sorted_keys[first_key + chunk_start + survivors[tile_start + threadIdx.x]], params);
-      if (threadIdx.x == 0) suppressed_by_kept = 0;
-      __syncthreads();
-
-      const int64_t kept_before = num_kept;
-      const int64_t kept_in_chunk = kept_before - kept_before_chunk;
-      for (int64_t pair = threadIdx.x; pair < kept_in_chunk * tile_size; pair += blockDim.x) {
-        const int64_t kept = kept_before_chunk + pair / tile_size;
-        const int candidate = static_cast<int>(pair % tile_size);
-        const float earlier[4] = {kept_boxes[4 * kept], kept_boxes[4 * kept + 1], kept_boxes[4 * kept + 2],
-                                  kept_boxes[4 * kept + 3]};
-        if (iou_above(earlier, tile[candidate].offset_box, iou_thres)) atomicOr(&suppressed_by_kept, 1ull << candidate);
-      }
-      if (threadIdx.x < tile_size) {
-        uint64_t row = 0;
-        for (int later = threadIdx.x + 1; later < tile_size; ++later)
-          if (iou_above(tile[threadIdx.x].offset_box, tile[later].offset_box, iou_thres)) row |= uint64_t{1} << later;
-        overlaps_later[threadIdx.x] = row;
-      }
-      __syncthreads();
-
-      if (threadIdx.x == 0) {
-        uint64_t alive = (tile_size == kTile ? ~uint64_t{0} : (uint64_t{1} << tile_size) - 1) & ~suppressed_by_kept;
-        uint64_t kept = 0;
-        int64_t room = params.max_det - kept_before;
-        for (int i = 0; i < tile_size && room > 0; ++i) {
-          if (!((alive >> i) & 1)) continue;
-          kept |= uint64_t{1} << i;
-          --room;
-          alive &= ~overlaps_later[i];
-        }
-        kept_in_tile = kept;
-      }
-      __syncthreads();
-
-      if (threadIdx.x < tile_size && ((kept_in_tile >> threadIdx.x) & 1)) {
-        const int64_t slot = kept_before + __popcll(kept_in_tile & ((uint64_t{1} << threadIdx.x) - 1));
-        const Candidate& candidate = tile[threadIdx.x];
-        write_detection(image_prediction, candidate, params, image_detections + slot * row_size);
-        image_indices[slot] = candidate.anchor;
-        for (int k = 0; k < 4; ++k) kept_boxes[4 * slot + k] = candidate.offset_box[k];
-      }
-      __syncthreads();
-      if (threadIdx.x == 0) num_kept = kept_before + __popcll(kept_in_tile);
-      __syncthreads();
+    if (threadIdx.x < tile_size && ((kept_in_tile >> threadIdx.x) & 1)) {
+      const int64_t slot = kept_before + __popcll(kept_in_tile & ((uint64_t{1} << threadIdx.x) - 1));
+      const Candidate& candidate = tile[threadIdx.x];
+      write_detection(image_prediction, candidate, params, image_detections + slot * row_size);
+      image_indices[slot] = candidate.anchor;
+      for (int k = 0; k < 4; ++k) kept_boxes[4 * slot + k] = candidate.offset_box[k];
     }
+    __syncthreads();
+    if (threadIdx.x == 0) num_kept = kept_before + __popcll(kept_in_tile);
+    __syncthreads();
   }
 
   // Padding: zero rows and index -1 after the kept ones.
