@@ -1,0 +1,94 @@
+"""Patch ``DetectionPredictor.construct_results``: the boxes of the batch mapped back to the original images once per
+distinct image size, then the ``Results`` built as stock builds them.
+
+Stock's ``construct_result`` calls ``ops.scale_boxes`` image by image: twelve tensor operations each (four
+subtractions of the padding, four divisions by the gain, four clamps), each a kernel launch on a GPU. With the
+batched NMS the predictions are the rows of one padded ``(B, max_det, 6)`` tensor, so stock's own ``scale_boxes``
+can run once on all the images of one size: on the whole batch in place where every image has the same size (a
+folder of one camera, a video), else on each size's images gathered and written back. The same operations on more
+elements: bit-identical to stock by construction, on every device.
+
+It applies to plain detection: the predictions are those rows (the batched NMS ran, no extra ``construct_results``
+arguments) and the predictor builds each result with ``DetectionPredictor.construct_result`` (Segment, Pose and OBB
+predictors, and subclasses that build their own, run stock).
+"""
+
+from __future__ import annotations
+
+import torch
+from ultralytics.engine.results import Results
+from ultralytics.models.yolo.detect import DetectionPredictor
+from ultralytics.utils import ops
+
+_ORIGINALS: dict[str, object] = {}
+
+
+def padded_batch(preds: list) -> torch.Tensor | None:
+    """The float32 ``(B, max_det, 6)`` tensor whose image ``i`` the rows ``preds[i]`` begin, as the batched NMS
+    returns them (views of one padded tensor that fill its whole storage), or None where ``preds`` are anything else.
+
+    Found from the storage: under ``torch.inference_mode`` (the predictor's) views do not record their base.
+    """
+    if not isinstance(preds, list) or not preds or not all(isinstance(pred, torch.Tensor) for pred in preds):
+        return None
+    first, storage_bytes = preds[0], preds[0].untyped_storage().nbytes()
+    image_bytes, remainder = divmod(storage_bytes, len(preds))
+    max_det = image_bytes // (6 * 4)
+    if remainder or image_bytes != max_det * 6 * 4 or first.dtype != torch.float32 or first.storage_offset() != 0:
+        return None
+    for image, pred in enumerate(preds):
+        if not (pred.dtype == torch.float32 and pred.dim() == 2 and pred.shape[1] == 6 and pred.shape[0] <= max_det
+                and pred.stride() == (6, 1) and pred.storage_offset() == image * max_det * 6
+                and pred.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()):
+            return None
+    return first.as_strided((len(preds), max_det, 6), (max_det * 6, 6, 1), 0)
+
+
+def scale_by_size(batch: torch.Tensor, input_shape: tuple[int, int], original_shapes: list[tuple]) -> None:
+    """Stock ``ops.scale_boxes`` on the boxes of ``batch`` (``(B, N, 6)``, in place), once per distinct original
+    size: on the whole batch where there is one, else on each size's images (gathered, scaled, written back)."""
+    images_of_size: dict[tuple, list[int]] = {}
+    for image, shape in enumerate(original_shapes):
+        images_of_size.setdefault(tuple(shape[:2]), []).append(image)
+    if len(images_of_size) == 1:
+        ops.scale_boxes(input_shape, batch[..., :4], original_shapes[0])
+        return
+    for size, images in images_of_size.items():
+        index = torch.tensor(images, device=batch.device)
+        boxes = batch[index, :, :4]
+        ops.scale_boxes(input_shape, boxes, size)
+        batch[index, :, :4] = boxes
+
+
+def construct_results(self: DetectionPredictor, preds, img, orig_imgs, *args, **kwargs) -> list[Results]:
+    """``DetectionPredictor.construct_results`` with the boxes scaled by :func:`scale_by_size` where
+    :func:`padded_batch` finds the batched NMS's rows and ``construct_result`` is DetectionPredictor's; the stock
+    method otherwise."""
+    own_results = type(self).construct_result is not _ORIGINALS["construct_result"]
+    batch = None if args or kwargs or own_results else padded_batch(preds)
+    if batch is None or len(orig_imgs) != len(preds):
+        return _ORIGINALS["construct_results"](self, preds, img, orig_imgs, *args, **kwargs)
+    scale_by_size(batch, tuple(img.shape[2:]), [orig_img.shape for orig_img in orig_imgs])
+    names = self.model.names
+    return [Results(orig_img, path=img_path, names=names, boxes=pred[:, :6])
+            for pred, orig_img, img_path in zip(preds, orig_imgs, self.batch[0])]
+
+
+def apply() -> None:
+    """Install the batched ``construct_results`` on ``DetectionPredictor`` (idempotent)."""
+    if not is_applied():
+        _ORIGINALS["construct_results"] = DetectionPredictor.__dict__["construct_results"]
+        _ORIGINALS["construct_result"] = DetectionPredictor.__dict__["construct_result"]
+        DetectionPredictor.construct_results = construct_results
+
+
+def revert() -> None:
+    """Restore stock's ``construct_results`` (idempotent)."""
+    if is_applied():
+        DetectionPredictor.construct_results = _ORIGINALS.pop("construct_results")
+        _ORIGINALS.pop("construct_result")
+
+
+def is_applied() -> bool:
+    """Whether ``DetectionPredictor.construct_results`` is the batched one."""
+    return DetectionPredictor.__dict__.get("construct_results") is construct_results
