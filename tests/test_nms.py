@@ -201,6 +201,25 @@ def test_exact_score_ties(generator, device):
 
 
 @pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_best_class_at_the_edges_of_the_cpu_scan_blocks(generator, device, dtype):
+    """The head's real size (8400 anchors, 80 classes; the CPU kernel scans anchors in blocks of 256, class by class):
+    tied best scores (the first class wins, as torch.max) and NaN scores on anchors at the edges of the blocks, one
+    layout with the anchors contiguous and one strided."""
+    prediction = make_prediction(generator, 2, num_classes=80, num_anchors=8400, dtype=dtype)
+    edges = torch.tensor([0, 255, 256, 257, 511, 512, 4095, 4096, 8191, 8192, 8399])
+    prediction[:, 4:, edges] = 0.0
+    prediction[:, 4 + 70, edges] = 0.625  # exact in every dtype: the tie below is a tie after the conversion
+    prediction[:, 4 + 3, edges] = 0.625
+    prediction[:, 4 + 79, edges[::3]] = math.nan  # these anchors have a passing score and a NaN: dropped
+    prediction[:, 2:4, edges] = 8.0  # small boxes: tiles far apart do not suppress each other
+    strided = prediction.transpose(1, 2).contiguous().transpose(1, 2)
+    for layout in (prediction.to(device), strided.to(device)):
+        for options in ({}, {"multi_label": True, "conf_thres": 0.3}):
+            assert_matches_reference(layout, **options)
+
+
+@pytest.mark.parametrize("device", devices())
 def test_zero_area_boxes(generator, device):
     prediction = make_prediction(generator, 2)
     prediction[:, 2, ::3] = 0.0  # zero width

@@ -93,8 +93,24 @@ YFD_HOST_DEVICE bool class_passes_filter(int64_t cls, const NmsParams& params) {
   return false;
 }
 
-// Calls visit(class, score) for every candidate of one anchor. `scores` points at the anchor's class 0 score,
-// consecutive classes `class_stride` elements apart.
+// Calls visit(class, score) for every candidate of one anchor whose scores have been scanned: best_score is their
+// first maximum (torch.max's), of class best_class, and has_nan whether any is NaN. `scores` points at the anchor's
+// class 0 score, consecutive classes `class_stride` elements apart.
+template <typename scalar_t, typename Visit>
+YFD_HOST_DEVICE void visit_scanned_anchor(const scalar_t* scores, int64_t class_stride, int64_t best_class,
+                                          float best_score, bool has_nan, const NmsParams& params, Visit&& visit) {
+  if (has_nan || !(best_score > params.conf_thres)) return;
+  if (!params.multi_label) {
+    if (class_passes_filter(best_class, params)) visit(best_class, best_score);
+    return;
+  }
+  for (int64_t cls = 0; cls < params.num_classes; ++cls) {
+    const float score = static_cast<float>(scores[cls * class_stride]);
+    if (score > params.conf_thres && class_passes_filter(cls, params)) visit(cls, score);
+  }
+}
+
+// Calls visit(class, score) for every candidate of one anchor (scores as for visit_scanned_anchor).
 template <typename scalar_t, typename Visit>
 YFD_HOST_DEVICE void for_each_candidate(const scalar_t* scores, int64_t class_stride, const NmsParams& params,
                                         Visit&& visit) {
@@ -109,15 +125,7 @@ YFD_HOST_DEVICE void for_each_candidate(const scalar_t* scores, int64_t class_st
       best_class = cls;
     }
   }
-  if (has_nan || !(best_score > params.conf_thres)) return;
-  if (!params.multi_label) {
-    if (class_passes_filter(best_class, params)) visit(best_class, best_score);
-    return;
-  }
-  for (int64_t cls = 0; cls < params.num_classes; ++cls) {
-    const float score = static_cast<float>(scores[cls * class_stride]);
-    if (score > params.conf_thres && class_passes_filter(cls, params)) visit(cls, score);
-  }
+  visit_scanned_anchor(scores, class_stride, best_class, best_score, has_nan, params, visit);
 }
 
 // xywh -> xyxy as Ultralytics' xywh2xyxy computes it on a tensor of the input dtype: w / 2, then c -/+ w / 2,

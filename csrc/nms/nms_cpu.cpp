@@ -78,6 +78,50 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> empty_nms_outputs(const NmsParams
 
 namespace {
 
+// Anchors scanned together, class by class: a class's scores of consecutive anchors are adjacent in memory, so the
+// running maxima vectorise, where an anchor-by-anchor scan (for_each_candidate) reads one score per cache line.
+constexpr int64_t kScanAnchors = 256;
+
+// The running first maximum of `count` anchors' scores, one class's row at a time; then visit(anchor, class, score)
+// for each candidate of those anchors.
+template <int64_t kAnchorStride, typename scalar_t, typename Visit>
+void scan_anchors(const scalar_t* image_scores, int64_t first_anchor, int64_t count, const NmsParams& params,
+                  Visit& visit) {
+  const int64_t anchor_stride = kAnchorStride > 0 ? kAnchorStride : params.strides[2];
+  float best_score[kScanAnchors];
+  int32_t best_class[kScanAnchors];
+  int32_t has_nan[kScanAnchors];  // as wide as a float, so that the loop vectorises
+  std::fill_n(best_score, count, -INFINITY);
+  std::fill_n(best_class, count, 0);
+  std::fill_n(has_nan, count, 0);
+  for (int64_t cls = 0; cls < params.num_classes; ++cls) {
+    const scalar_t* row = image_scores + cls * params.strides[1] + first_anchor * anchor_stride;
+    for (int64_t a = 0; a < count; ++a) {
+      const float score = static_cast<float>(row[a * anchor_stride]);
+      has_nan[a] |= score != score;
+      const bool better = score > best_score[a];  // strict: the first maximum wins, as torch.max
+      best_score[a] = better ? score : best_score[a];
+      best_class[a] = better ? static_cast<int32_t>(cls) : best_class[a];
+    }
+  }
+  for (int64_t a = 0; a < count; ++a) {
+    const int64_t anchor = first_anchor + a;
+    visit_scanned_anchor(image_scores + anchor * anchor_stride, params.strides[1], best_class[a], best_score[a],
+                         has_nan[a] != 0, params, [&](int64_t cls, float score) { visit(anchor, cls, score); });
+  }
+}
+
+// Calls visit(anchor, class, score) for every candidate of one image, in blocks of kScanAnchors anchors.
+template <typename scalar_t, typename Visit>
+void for_each_image_candidate(const scalar_t* image_scores, const NmsParams& params, Visit&& visit) {
+  for (int64_t first = 0; first < params.num_anchors; first += kScanAnchors) {
+    const int64_t count = std::min(kScanAnchors, params.num_anchors - first);
+    if (params.strides[2] == 1)  // the Detect head's layout: a compile-time stride lets the scan vectorise
+      scan_anchors<1>(image_scores, first, count, params, visit);
+    else scan_anchors<0>(image_scores, first, count, params, visit);
+  }
+}
+
 template <typename scalar_t>
 void nms_cpu_kernel(const scalar_t* prediction, const NmsParams& params, double iou_thres, float* detections,
                     int64_t* counts, int64_t* anchor_indices) {
@@ -89,11 +133,9 @@ void nms_cpu_kernel(const scalar_t* prediction, const NmsParams& params, double 
       const scalar_t* image_prediction = prediction + image * params.strides[0];
       const scalar_t* image_scores = image_prediction + 4 * params.strides[1];
       keys.clear();
-      for (int64_t anchor = 0; anchor < params.num_anchors; ++anchor)
-        for_each_candidate(image_scores + anchor * params.strides[2], params.strides[1], params,
-                           [&](int64_t cls, float score) {
-                             keys.push_back(sort_key(score, anchor * params.num_classes + cls, params));
-                           });
+      for_each_image_candidate(image_scores, params, [&](int64_t anchor, int64_t cls, float score) {
+        keys.push_back(sort_key(score, anchor * params.num_classes + cls, params));
+      });
       const auto descending = std::greater<uint64_t>();
       if (static_cast<int64_t>(keys.size()) > params.max_candidates) {
         std::nth_element(keys.begin(), keys.begin() + (params.max_candidates - 1), keys.end(), descending);
