@@ -34,9 +34,9 @@ def padded_batch(preds: list) -> torch.Tensor | None:
     first, storage_bytes = preds[0], preds[0].untyped_storage().nbytes()
     image_bytes, remainder = divmod(storage_bytes, len(preds))
     max_det = image_bytes // (6 * 4)
-    if remainder or image_bytes != max_det * 6 * 4 or first.dtype != torch.float32 or first.storage_offset() != 0:
+    if remainder or image_bytes != max_det * 6 * 4:
         return None
-    for image, pred in enumerate(preds):
+    for image, pred in enumerate(preds):  # every row float32 (6, 1)-strided at its image's offset of one storage
         if not (pred.dtype == torch.float32 and pred.dim() == 2 and pred.shape[1] == 6 and pred.shape[0] <= max_det
                 and pred.stride() == (6, 1) and pred.storage_offset() == image * max_det * 6
                 and pred.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()):
