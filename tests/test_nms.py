@@ -35,9 +35,10 @@ def make_prediction(
 
     Per image: background anchors with random boxes and low scores spread down to 0, and 0 to 6 objects of a few
     classes, each a cluster of overlapping boxes around the object with scores spread over [0.2, 1].
-    ``distinct_scores`` replaces every score by a distinct multiple of 1/2048 (same ranks), exact in float16, so
-    that the order of equal scores, which stock leaves to an unstable sort, never matters; float32 images of 2048
-    scores or more take multiples of 2^-20 instead (exact in float32).
+    Float32 scores never tie within an image (:func:`untie`). ``distinct_scores`` replaces every score by a distinct
+    multiple of 1/2048 (same ranks), exact in float16, so that the order of equal scores, which stock leaves to an
+    unstable sort, never matters in that dtype either; float32 images of 2048 scores or more take multiples of 2^-20
+    instead (exact in float32).
     """
 
     def uniform(*shape, low=0.0, high=1.0):
@@ -68,7 +69,29 @@ def make_prediction(
             grid = torch.randperm(steps - 1, generator=generator)[: scores.shape[1]].sort().values.float() + 1
             scores[image, scores[image].argsort()] = grid / steps
         prediction[:, 4 : 4 + num_classes] = scores.view(batch, num_classes, num_anchors)
+    elif dtype == torch.float32:
+        untie(prediction[:, 4 : 4 + num_classes])
     return prediction.to(dtype)
+
+
+def untie(scores: torch.Tensor) -> None:
+    """Make the float32 scores of each image ``(B, nc, A)`` distinct, in place, by moving each repeated value up by
+    as many ulps as it takes (ranks between distinct values are kept).
+
+    Random float32 scores do tie (torch.rand draws multiples of 2^-24): the 64-image 2100-anchor stock case held
+    tied candidates at every seed tried, and where max_det cut through such a tie, stock's unstable sort kept the
+    other box (1 of 70 seeds; CI failed so once in the every-anchor case, seed 2612121647).
+    """
+    for image in scores:
+        flat = image.view(-1)
+        order = flat.argsort(stable=True)
+        ordered = flat[order]
+        repeated = ordered[1:] == ordered[:-1]
+        while repeated.any():  # a bumped value may meet the next one: bump again, the order stays ascending
+            later = ordered[1:]
+            later[repeated] = torch.nextafter(later[repeated], torch.tensor(math.inf))
+            repeated = ordered[1:] == ordered[:-1]
+        flat[order] = ordered
 
 
 def canonical(detections: torch.Tensor) -> torch.Tensor:
