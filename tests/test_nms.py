@@ -200,9 +200,10 @@ def test_empty_images_and_indices(generator, device):
 
 @pytest.mark.parametrize("device", devices())
 def test_every_anchor_passes_and_more_than_max_nms(generator, device):
-    # Distinct scores: 12,000 random float32 scores an image hold ties, and where max_det or max_nms cuts through a
-    # tie, stock's unstable sort picks any of its members (CI failed so, seed 2612121647). Halved and shifted, multiples
-    # of 2^-20 are at least 8 float32 ulps apart in [0.3, 0.8), so they stay distinct.
+    # Distinct scores: make_prediction's float32 scores are untied, but halving and shifting them (below) rounds
+    # near-equal small scores onto one float, and where max_det or max_nms cuts through a tie, stock's unstable sort
+    # picks any of its members (CI failed so, seed 2612121647). Multiples of 2^-20, halved and shifted, are at least
+    # 8 float32 ulps apart in [0.3, 0.8), so they stay distinct.
     prediction = make_prediction(generator, 3, num_anchors=3000, distinct_scores=True)
     prediction[:, 4:8] = prediction[:, 4:8] * 0.5 + 0.3  # every score above conf
     prediction = prediction.to(device)
