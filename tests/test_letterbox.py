@@ -68,11 +68,15 @@ def asset_arrays() -> list[np.ndarray]:
 
 def mixed_images(generator) -> list[np.ndarray]:
     """One batch of many sizes: odd widths, 1 pixel tall and 1 pixel wide, tiny, large, a BGRA view (strided rows)
-    large enough to be staged in several pieces, and the wheel's images."""
+    large enough to be staged in several pieces, a mirrored view (negative strides), a read-only array, and the
+    wheel's images."""
     sizes = [(3, 5), (1, 777), (481, 1), (97, 1111), (2003, 3001), (640, 640), (1037, 1999)]
     images = [image for height, width in sizes for image in random_images(generator, 1, height, width)]
     bgra = random_images(generator, 1, 1201, 1333, channels=4)[0]
-    return [*images, LoadPilAndNumpy._single_check(bgra), *asset_arrays(), bgra]
+    mirrored = random_images(generator, 1, 333, 517)[0][::-1, ::-1]
+    read_only = random_images(generator, 1, 259, 401)[0]
+    read_only.flags.writeable = False
+    return [*images, LoadPilAndNumpy._single_check(bgra), mirrored, read_only, *asset_arrays(), bgra]
 
 
 def op_inputs(images: list[np.ndarray], geometries: list[LetterboxGeometry]) -> tuple[torch.Tensor, torch.Tensor]:
