@@ -197,7 +197,8 @@ def test_mixed_sizes_one_batch_bit_identical(generator, monkeypatch, device, pie
         assert torch.equal(ours[index : index + 1], expected), (index, image.shape)
         assert geometries[index] == letterbox_geometry(image.shape, 640)
     if device == "cuda":  # the same images as tensors already on the GPU: packed there
-        on_gpu = [torch.from_numpy(LoadPilAndNumpy._single_check(image)).to(device) for image in images]
+        checked = [np.ascontiguousarray(LoadPilAndNumpy._single_check(image)) for image in images]
+        on_gpu = [torch.from_numpy(image).to(device) for image in checked]
         assert torch.equal(letterbox(on_gpu, 640, dtype=torch.float16)[0], ours)
 
 
