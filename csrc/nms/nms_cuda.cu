@@ -33,6 +33,7 @@ constexpr int kSelectThreads = 1024;
 constexpr int kRadixBits = 8;
 constexpr int kRadixBins = 1 << kRadixBits;
 constexpr int kTile = 64;  // candidates per suppression step: one bit each in a 64-bit mask
+constexpr int kWarp = 32;
 constexpr int kSuppressThreads = 512;
 // Kept boxes live in shared memory up to this many (max_det 300 needs 4.8 KB), in a global scratch otherwise.
 constexpr int64_t kMaxSharedKept = 2048;
@@ -137,46 +138,67 @@ __global__ void __launch_bounds__(kSuppressThreads)
   // Class-offset boxes kept so far, 4 floats each, in kept order.
   float* kept_boxes =
       kept_boxes_scratch == nullptr ? shared_kept_boxes : kept_boxes_scratch + image * params.max_det * 4;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  constexpr int kWarps = kSuppressThreads / kWarp;
   if (threadIdx.x == 0) num_kept = 0;
+  // The first tile's key, then each next tile's, loaded a tile ahead so that its latency overlaps a tile's work.
+  uint64_t next_key =
+      threadIdx.x < min(static_cast<int64_t>(kTile), num_candidates) ? sorted_keys[first_key + threadIdx.x] : 0;
   __syncthreads();
 
   for (int64_t tile_start = 0; tile_start < num_candidates && num_kept < params.max_det; tile_start += kTile) {
     const int tile_size = static_cast<int>(min(static_cast<int64_t>(kTile), num_candidates - tile_start));
-    if (threadIdx.x < tile_size)
-      tile[threadIdx.x] = decode_candidate(image_prediction, sorted_keys[first_key + tile_start + threadIdx.x], params);
+    if (threadIdx.x < tile_size) {
+      tile[threadIdx.x] = decode_candidate(image_prediction, next_key, params);
+      const int64_t ahead = tile_start + kTile + threadIdx.x;
+      if (ahead < num_candidates) next_key = sorted_keys[first_key + ahead];
+    }
     if (threadIdx.x == 0) suppressed_by_kept = 0;
     __syncthreads();
 
+    // Each warp tests one kept box against half a tile at a time (lane j: candidate half * 32 + j) and ORs the
+    // warp's ballot into the tile's mask: one shared atomic per 32 pairs, where a pair-per-thread loop made one per
+    // overlapping pair on the same word. Every lane of a warp runs the same iterations, as the ballot needs.
     const int64_t kept_before = num_kept;
-    for (int64_t pair = threadIdx.x; pair < kept_before * tile_size; pair += blockDim.x) {
-      const int64_t kept = pair / tile_size;
-      const int candidate = static_cast<int>(pair - kept * tile_size);
+    for (int64_t unit = warp; unit < kept_before * 2; unit += kWarps) {
+      const int64_t kept = unit / 2;
+      const int half = static_cast<int>(unit % 2), candidate = half * kWarp + lane;
       const float earlier[4] = {kept_boxes[4 * kept], kept_boxes[4 * kept + 1], kept_boxes[4 * kept + 2],
                                 kept_boxes[4 * kept + 3]};
-      if (iou_above(earlier, tile[candidate].offset_box, iou_thres)) atomicOr(&suppressed_by_kept, 1ull << candidate);
+      const bool overlaps = candidate < tile_size && iou_above(earlier, tile[candidate].offset_box, iou_thres);
+      const unsigned bits = __ballot_sync(0xffffffffu, overlaps);
+      if (lane == 0 && bits) atomicOr(&suppressed_by_kept, static_cast<unsigned long long>(bits) << (half * kWarp));
     }
-    if (threadIdx.x < tile_size) {
-      uint64_t row = 0;
-      for (int later = threadIdx.x + 1; later < tile_size; ++later)
-        if (iou_above(tile[threadIdx.x].offset_box, tile[later].offset_box, iou_thres)) row |= uint64_t{1} << later;
-      overlaps_later[threadIdx.x] = row;
+    // The tile's own overlaps: a warp per row, each lane testing a later box of each half (j > i).
+    for (int row = warp; row < tile_size; row += kWarps) {
+      uint64_t overlaps = 0;
+      for (int half = 0; half < 2; ++half) {
+        const int later = half * kWarp + lane;
+        const bool hit =
+            later > row && later < tile_size && iou_above(tile[row].offset_box, tile[later].offset_box, iou_thres);
+        overlaps |= static_cast<uint64_t>(__ballot_sync(0xffffffffu, hit)) << (half * kWarp);
+      }
+      if (lane == 0) overlaps_later[row] = overlaps;
     }
     __syncthreads();
 
+    // Greedy resolution in tile order, visiting only the boxes still alive: the lowest alive box is kept and
+    // drops the later boxes it overlaps (a kept box's row holds later boxes only).
     if (threadIdx.x == 0) {
       uint64_t alive = (tile_size == kTile ? ~uint64_t{0} : (uint64_t{1} << tile_size) - 1) & ~suppressed_by_kept;
       uint64_t kept = 0;
-      int64_t room = params.max_det - kept_before;
-      for (int i = 0; i < tile_size && room > 0; ++i) {
-        if (!((alive >> i) & 1)) continue;
+      for (int64_t room = params.max_det - kept_before; alive && room > 0; --room) {
+        const int i = __ffsll(static_cast<long long>(alive)) - 1;
         kept |= uint64_t{1} << i;
-        --room;
-        alive &= ~overlaps_later[i];
+        alive &= ~overlaps_later[i] & ~(uint64_t{1} << i);
       }
       kept_in_tile = kept;
+      num_kept = kept_before + __popcll(kept);
     }
     __syncthreads();
 
+    // Kept boxes are written by the thread that decoded them (it alone touches tile[threadIdx.x] until the next
+    // tile's decode); the next tile reads kept_boxes only after that decode's barrier.
     if (threadIdx.x < tile_size && ((kept_in_tile >> threadIdx.x) & 1)) {
       const int64_t slot = kept_before + __popcll(kept_in_tile & ((uint64_t{1} << threadIdx.x) - 1));
       const Candidate& candidate = tile[threadIdx.x];
@@ -184,10 +206,8 @@ __global__ void __launch_bounds__(kSuppressThreads)
       image_indices[slot] = candidate.anchor;
       for (int k = 0; k < 4; ++k) kept_boxes[4 * slot + k] = candidate.offset_box[k];
     }
-    __syncthreads();
-    if (threadIdx.x == 0) num_kept = kept_before + __popcll(kept_in_tile);
-    __syncthreads();
   }
+  __syncthreads();
 
   // Padding: zero rows and index -1 after the kept ones.
   for (int64_t element = num_kept * row_size + threadIdx.x; element < params.max_det * row_size; element += blockDim.x)
