@@ -57,4 +57,7 @@ TORCH_LIBRARY(yolo_fastdetect, m) {
   // HWC -> CHW; every byte u becomes value_table[u] (256 values, e.g. u / 255 in the model dtype). Writes out
   // (B, 3, height, width), contiguous, in value_table's dtype.
   m.def("letterbox(Tensor images, Tensor image_params, Tensor value_table, Tensor(a!) out) -> ()");
+  // The letterbox's host staging (CPU only): each contiguous uint8 image of images copied into packed (flat uint8,
+  // contiguous, e.g. pinned memory) at its byte offset, over at most four threads.
+  m.def("pack_images(Tensor(a!) packed, Tensor[] images, int[] offsets) -> ()");
 }

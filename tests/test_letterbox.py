@@ -302,6 +302,38 @@ def test_empty_batch_and_opcheck(generator):
     torch.library.opcheck(op.default, (packed, params, table, torch.empty(3, 3, 32, 32)))
 
 
+def test_pack_images_copies_each_image_to_its_offset(generator):
+    """The staging operator against a byte-by-byte reference: images of several sizes (one above the per-thread
+    grain, so several threads copy it), at offsets with gaps between them, leave the gaps untouched."""
+    sizes = [3, 1, 700_001, 2_500_000, 17]
+    images = [torch.randint(0, 256, (size,), dtype=torch.uint8, generator=generator) for size in sizes]
+    gaps = torch.randint(0, 50, (len(sizes),), generator=generator).tolist()
+    offsets, end = [], 0
+    for size, gap in zip(sizes, gaps):
+        offsets.append(end + gap)
+        end += gap + size
+    packed = torch.full((end + 5,), 7, dtype=torch.uint8)
+    expected = packed.clone()
+    for image, offset in zip(images, offsets):
+        expected[offset : offset + image.numel()] = image
+    torch.ops.yolo_fastdetect.pack_images(packed, images, offsets)
+    assert torch.equal(packed, expected)
+
+
+def test_pack_images_rejects_what_does_not_fit():
+    op = torch.ops.yolo_fastdetect.pack_images
+    image = torch.ones(10, dtype=torch.uint8)
+    for packed, images, offsets, match in (
+        (torch.zeros(15, dtype=torch.uint8), [image], [6], "does not fit"),
+        (torch.zeros(15, dtype=torch.uint8), [image], [-1], "does not fit"),
+        (torch.zeros(15, dtype=torch.uint8), [image], [0, 1], "one length"),
+        (torch.zeros(15, dtype=torch.uint8), [torch.ones(20, dtype=torch.uint8)[::2]], [0], r"images\[0\]"),
+        (torch.zeros(15, dtype=torch.float32), [image], [0], "packed"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            op(packed, images, offsets)
+
+
 def random_boxes(generator, geometries, count, device):
     """(B, count, 6) boxes spread over (and past) each canvas, plus a score and a class column."""
     height, width = geometries[0].shape

@@ -2,7 +2,7 @@
 
 Stock is what the predictor does: ``LetterBox`` (cv2) on each image on the CPU, stack, upload the uint8 batch,
 then BGR->RGB, CHW, dtype and /255 on the device (``BasePredictor.preprocess``). Ours packs the original images
-into pinned memory (torch's threaded copy), uploads each piece without blocking as soon as it is filled, and runs one
+into pinned memory (a few threads), uploads each piece without blocking as soon as it is filled, and runs one
 kernel for the whole batch (:func:`yolo_fastdetect.letterbox`). The images are the wheel's bus.jpg and zidane.jpg,
 alternating, so a batch holds two sizes (the predictor then letterboxes to the full square, ``auto=False``).
 Median milliseconds per batch (CUDA events around each call, so host work is included; a wall clock on the CPU).

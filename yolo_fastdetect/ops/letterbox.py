@@ -173,10 +173,10 @@ def _value_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return _value_tables[key]
 
 
-# Host staging: numpy images are copied into one pinned buffer by torch's copy, which splits a large copy over
-# torch's intra-op threads (one 2.6 MB image on the H200's host: 0.03 ms, against 0.26 for numpy's one-threaded copy
-# and 0.19-0.50 for a pool of 2-8 threads each copying a part), in pieces of about _PIECE_BYTES; each piece is sent to
-# the GPU as soon as it is filled, so the next piece's copy overlaps its transfer.
+# Host staging: numpy images are copied into one pinned buffer by the ``pack_images`` operator (over at most four
+# threads: csrc/letterbox/pack_images_cpu.cpp says why), in pieces of about _PIECE_BYTES; each piece is sent to the
+# GPU as soon as it is filled, so the next piece's copy overlaps its transfer. On the H200's host one 2.6 MB image
+# took 0.26 ms with numpy's one-threaded copy, 0.19-0.50 with a pool of 2-8 Python threads each copying a part.
 _PIECE_BYTES = 4 << 20
 
 
@@ -199,18 +199,17 @@ def _pieces(arrays: Sequence[np.ndarray], offsets: Sequence[int]) -> list[list[t
     return pieces
 
 
-def _copy_rows(destination: torch.Tensor, rows: np.ndarray) -> None:
-    """``destination[:] = rows``, with torch's threaded copy where torch can wrap the array."""
-    if rows.flags.writeable and all(stride >= 0 for stride in rows.strides):
-        destination.copy_(torch.from_numpy(rows))
-    else:  # torch.from_numpy rejects negative strides and warns on read-only arrays
-        np.copyto(destination.numpy(), rows)
-
-
 def _fill(staging: torch.Tensor, piece: list[tuple[np.ndarray, int]]) -> tuple[int, int]:
     """Copy one piece into ``staging``; returns the byte range it filled."""
+    contiguous, offsets = [], []
     for rows, offset in piece:
-        _copy_rows(staging[offset : offset + rows.nbytes].view(rows.shape), rows)
+        if rows.flags.c_contiguous and rows.flags.writeable:
+            contiguous.append(torch.from_numpy(rows).view(-1))
+            offsets.append(offset)
+        else:  # a strided view (BGRA, mirrored) or read-only array: torch.from_numpy rejects or warns on those
+            np.copyto(staging[offset : offset + rows.nbytes].numpy().reshape(rows.shape), rows)
+    if contiguous:
+        torch.ops.yolo_fastdetect.pack_images(staging, contiguous, offsets)
     last_rows, last_offset = piece[-1]
     return piece[0][1], last_offset + last_rows.nbytes
 
