@@ -203,6 +203,20 @@ def test_mixed_sizes_one_batch_bit_identical(generator, monkeypatch, device, pie
 
 
 @pytest.mark.parametrize("device", devices())
+def test_one_piece_batch_bit_identical(generator, device):
+    """A batch that fits one staging piece (copied by pack_images, numpy's copy for what torch cannot wrap): a
+    contiguous, a mirrored (negative strides), a read-only and a BGRA image equal stock's, bit for bit."""
+    contiguous, mirrored, read_only = random_images(generator, 3, 123, 77)
+    read_only.flags.writeable = False
+    bgra = random_images(generator, 1, 45, 301, channels=4)[0]
+    images = [contiguous, mirrored[::-1, ::-1], read_only, bgra]
+    ours, _ = letterbox(images, 320, dtype=torch.float16, device=device)
+    for index, image in enumerate(images):
+        expected = stock_input([LoadPilAndNumpy._single_check(image)], 320, dtype=torch.float16, device=device)
+        assert torch.equal(ours[index : index + 1], expected), index
+
+
+@pytest.mark.parametrize("device", devices())
 def test_out_written_in_place(generator, device):
     images = random_images(generator, 2, 211, 389) + random_images(generator, 1, 50, 1001)
     expected, _ = letterbox(images, 640, dtype=torch.float16, device=device)
@@ -318,6 +332,7 @@ def test_pack_images_copies_each_image_to_its_offset(generator):
         expected[offset : offset + image.numel()] = image
     torch.ops.yolo_fastdetect.pack_images(packed, images, offsets)
     assert torch.equal(packed, expected)
+    torch.library.opcheck(torch.ops.yolo_fastdetect.pack_images.default, (packed, images[:2], offsets[:2]))
 
 
 def test_pack_images_rejects_what_does_not_fit():

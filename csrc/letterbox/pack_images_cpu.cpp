@@ -1,9 +1,11 @@
 // Host staging of the letterbox's images: contiguous uint8 images copied into one flat buffer (pinned memory, on
-// the way to the GPU) at their byte offsets, over at most a few of ATen's intra-op threads.
+// the way to the GPU) at their byte offsets, over at most a few of ATen's intra-op threads. The letterbox uses it for a
+// batch that fits one staging piece, typically batch 1 (yolo_fastdetect/ops/letterbox.py).
 //
-// Why a few: a 2.6 MB image copies in 0.05 ms over 16 threads of the H200's host (torch's copy_), 0.10 ms over 4
-// and 0.25 ms on one; but a team of all 16 threads waits for whichever is preempted, and the letterbox then took up
-// to 8 ms (median 0.3) in a busy process, 0.49 at most over 4 threads.
+// Why a few: one 2.6 MB image copies in 0.25 ms on one thread of the H200's host, 0.10 ms on four and 0.05 ms on all
+// 16 (torch's own copy_); the 16-thread copy also gave the slowest batch-1 preprocess stage measured (2.9 ms in a busy
+// run, against a 0.3 median), and four leave the other cores to the process's other threads (the decoders of
+// yolo_fastdetect.sources).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
