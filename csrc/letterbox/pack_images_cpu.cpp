@@ -3,9 +3,10 @@
 // batch that fits one staging piece, typically batch 1 (yolo_fastdetect/ops/letterbox.py).
 //
 // Why a few: one 2.6 MB image copies in 0.25 ms on one thread of the H200's host, 0.10 ms on four and 0.05 ms on all
-// 16 (torch's own copy_); the 16-thread copy also gave the slowest batch-1 preprocess stage measured (2.9 ms in a busy
-// run, against a 0.3 median), and four leave the other cores to the process's other threads (the decoders of
-// yolo_fastdetect.sources).
+// 16 (torch's own copy_). The 16-thread copy gave the slowest batch-1 preprocess stage measured (2.9 ms in a busy run,
+// against a 0.3 median), though a later run found no tail to blame on it (300 letterbox calls each: 0.47 ms at most
+// with 16 threads, one call of 8 ms with four); four leave the other cores to the process's other threads (the
+// decoders of yolo_fastdetect.sources) at 0.06 ms more a call.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>

@@ -249,8 +249,9 @@ def _stage(arrays: Sequence[np.ndarray], offsets: Sequence[int], total: int, dev
         _fill_threaded(staging, pieces[0])
         filled = [(0, total)]
     else:
-        filled = (future.result() for future in as_completed([_pool().submit(_fill, staging, p) for p in pieces]))
-    for start, end in filled:
+        futures = [_pool().submit(_fill, staging, piece) for piece in pieces]
+        filled = (future.result() for future in as_completed(futures))  # each piece's range once it is filled
+    for start, end in filled:  # also on the CPU: the loop is what waits for the pool's pieces
         if to_gpu:
             packed[start:end].copy_(staging[start:end], non_blocking=True)
     return packed
