@@ -6,9 +6,9 @@ exactly. A patched method takes its fast path only where it applies and otherwis
 
 from __future__ import annotations
 
-from . import detect_head, nms, predictor, results
+from . import detect_head, nms, postprocess, predictor, results
 
-PATCHES = (detect_head, nms, predictor, results)
+PATCHES = (detect_head, nms, predictor, results, postprocess)
 
 SUPPORTED_ULTRALYTICS = ("8.4.",)
 

@@ -163,7 +163,7 @@ def replayed_backend(predictor: DetectionPredictor) -> AutoBackend | None:
     return model if isinstance(model, AutoBackend) else None
 
 
-def _replay_on() -> bool:
+def replay_on() -> bool:
     """Whether ``YOLO_FASTDETECT_GRAPHS`` leaves the replay on (anything but ``0``), read at each call."""
     return os.environ.get(GRAPHS_VARIABLE, "1") != "0"
 
@@ -182,7 +182,7 @@ def graphed_backend(predictor: DetectionPredictor, im: torch.Tensor) -> AutoBack
     graph (see :func:`replayed_backend`), or None where the stock method must run."""
     args, backend = predictor.args, replayed_backend(predictor)
     replayable = (
-        _replay_on()
+        replay_on()
         and isinstance(im, torch.Tensor)
         and im.is_cuda
         and not (args.augment or args.embed or args.visualize)
@@ -216,7 +216,7 @@ def attempt_compile(model: torch.nn.Module, device: torch.device, imgsz: int = 6
     ``"pt"`` network of :data:`_GRAPHED_NETWORKS` on a CUDA device, ``YOLO_FASTDETECT_GRAPHS`` not 0. One graph
     capture, not two, and ours measured faster (see :data:`_WITHOUT_OWN_GRAPHS`)."""
     replayed_by_ours = (
-        _replay_on()
+        replay_on()
         and device.type == "cuda"
         and isinstance(model, AutoBackend)
         and _graphable(model)

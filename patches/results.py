@@ -21,6 +21,9 @@ from ultralytics.models.yolo.detect import DetectionPredictor
 from ultralytics.utils import ops
 
 _ORIGINALS: dict[str, object] = {}
+# DetectionPredictor's own methods as this module found them (imported before any patch is applied).
+_STOCK_CONSTRUCT_RESULTS = DetectionPredictor.__dict__["construct_results"]
+_STOCK_CONSTRUCT_RESULT = DetectionPredictor.__dict__["construct_result"]
 
 
 def padded_batch(preds: list) -> torch.Tensor | None:
@@ -69,9 +72,23 @@ def construct_results(self: DetectionPredictor, preds, img, orig_imgs, *args, **
     if batch is None or len(orig_imgs) != len(preds):
         return _ORIGINALS["construct_results"](self, preds, img, orig_imgs, *args, **kwargs)
     scale_by_size(batch, tuple(img.shape[2:]), [orig_img.shape for orig_img in orig_imgs])
-    names = self.model.names
+    return detection_results(self, preds, orig_imgs)
+
+
+def detection_results(predictor: DetectionPredictor, preds: list[torch.Tensor], orig_imgs: list) -> list[Results]:
+    """The ``Results`` that ``DetectionPredictor.construct_result`` builds from each image's rows once they are
+    scaled to its original image."""
+    names = predictor.model.names
     return [Results(orig_img, path=img_path, names=names, boxes=pred[:, :6])
-            for pred, orig_img, img_path in zip(preds, orig_imgs, self.batch[0])]
+            for pred, orig_img, img_path in zip(preds, orig_imgs, predictor.batch[0])]
+
+
+def builds_stock_results(predictor: DetectionPredictor) -> bool:
+    """Whether the predictor builds its results as ``DetectionPredictor`` does (not Segment, Pose and OBB
+    predictors, nor subclasses with a ``construct_result(s)`` of their own)."""
+    cls = type(predictor)
+    return (cls.construct_result is _STOCK_CONSTRUCT_RESULT
+            and cls.construct_results in (construct_results, _STOCK_CONSTRUCT_RESULTS))
 
 
 def apply() -> None:

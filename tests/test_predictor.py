@@ -23,6 +23,7 @@ from conftest import asset_images, detecting_model
 from yolo_fastdetect import letterbox, letterbox_geometry, patches
 from yolo_fastdetect.bench.e2e import detection_difference
 from yolo_fastdetect.graphs import default_cache
+from yolo_fastdetect.patches import postprocess as postprocess_patch
 from yolo_fastdetect.patches import predictor as predictor_patch
 
 PREDICTOR_CLASSES = (BasePredictor, DetectionPredictor, SegmentationPredictor, PosePredictor, OBBPredictor)
@@ -60,10 +61,12 @@ def test_apply_and_revert_restore_the_class_dicts_exactly():
         assert patched[DetectionPredictor][name] is getattr(predictor_patch, name)
     added = set(patched[DetectionPredictor]) - set(stock[DetectionPredictor])
     assert added == methods
-    # The results patch replaces construct_results, which DetectionPredictor defines (tested in test_results_patch).
-    assert patched[DetectionPredictor]["construct_results"] is not stock[DetectionPredictor]["construct_results"]
+    # The results and postprocess patches replace methods that DetectionPredictor defines (tested in
+    # test_results_patch and test_postprocess_patch).
+    replaced = {"construct_results", "postprocess"}
+    assert all(patched[DetectionPredictor][name] is not stock[DetectionPredictor][name] for name in replaced)
     for cls in PREDICTOR_CLASSES:  # nothing else changed, on DetectionPredictor or elsewhere
-        kept = stock[cls].keys() - ({"construct_results"} if cls is DetectionPredictor else set())
+        kept = stock[cls].keys() - (replaced if cls is DetectionPredictor else set())
         unchanged = {k: v for k, v in patched[cls].items() if cls is not DetectionPredictor or k in kept}
         assert unchanged.keys() == kept and all(unchanged[k] is stock[cls][k] for k in unchanged)
     yolo_fastdetect.disable()
@@ -103,6 +106,7 @@ def test_cpu_runs_the_stock_paths(monkeypatch):
 
     monkeypatch.setattr(predictor_patch, "letterbox", forbidden)
     monkeypatch.setattr(predictor_patch, "default_cache", forbidden)
+    monkeypatch.setattr(postprocess_patch, "_cache", forbidden)
     ours = model.predict(sources, imgsz=320, device="cpu", verbose=False)
     assert sum(len(r.boxes) for r in stock) > 0, "the seeded model should detect something"
     for stock_result, our_result in zip(stock, ours):

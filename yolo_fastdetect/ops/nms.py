@@ -23,7 +23,8 @@ try:  # captured at import, before any patch replaces the module attribute
 except ImportError:  # the operator works without Ultralytics; only the drop-in needs it
     stock_non_max_suppression = None
 
-__all__ = ["batched_nms", "non_max_suppression", "non_max_suppression_reference"]
+__all__ = ["batched_nms", "image_rows", "non_max_suppression", "non_max_suppression_reference", "nonfinite_boxes",
+           "operator_arguments"]
 
 _FAST_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _MAX_CLASS_FILTER = 64  # kMaxClassFilter in csrc/nms/nms.h
@@ -179,6 +180,34 @@ def non_max_suppression(
         prediction = prediction[0]
     if rotated or end2end:
         return stock_non_max_suppression(*stock_args)
+    arguments = operator_arguments(prediction, conf_thres, iou_thres, classes, agnostic, multi_label, max_det, nc,
+                                   max_nms, max_wh)
+    if arguments is None:
+        return stock_non_max_suppression(*stock_args)
+    detections, counts, anchor_indices = batched_nms(prediction, *arguments)
+    # The non-finite flag travels with the counts: still one copy to the host.
+    *counts, nonfinite = torch.cat((counts, nonfinite_boxes(prediction))).tolist()
+    if nonfinite:
+        return stock_non_max_suppression(*stock_args)
+    output = image_rows(detections, counts)
+    if not return_idxs:
+        return output
+    # Stock leaves an empty image's indices as its (0, 1) float placeholder.
+    keepi = [
+        indices[:count] if count else torch.zeros((0, 1), device=prediction.device)
+        for indices, count in zip(anchor_indices.unbind(0), counts)
+    ]
+    return output, keepi
+
+
+def operator_arguments(prediction, conf_thres: float, iou_thres: float, classes, agnostic: bool, multi_label: bool,
+                       max_det: int, nc: int, max_nms: int, max_wh: float) -> tuple | None:
+    """The arguments after ``prediction`` with which :func:`batched_nms` reproduces the stock function's call with
+    these (a single ``prediction`` tensor, neither rotated nor end-to-end), or None where the stock function must run.
+
+    Raises:
+        ValueError: ``conf_thres`` or ``iou_thres`` outside [0, 1], ``max_det`` below 1, or ``prediction`` not 3-D.
+    """
     if not 0 <= conf_thres <= 1:
         raise ValueError(f"conf_thres must be in [0, 1], got {conf_thres}")
     if not 0 <= iou_thres <= 1:
@@ -188,40 +217,35 @@ def non_max_suppression(
     if isinstance(prediction, torch.Tensor) and prediction.dim() != 3:
         raise ValueError(f"prediction must be (batch, 4 + nc + extra, anchors), got shape {tuple(prediction.shape)}")
     if max_nms < 1 or not _fast_path_applies(prediction, classes):  # stock slices [:max_nms]: 0 keeps none
-        return stock_non_max_suppression(*stock_args)
-
+        return None
     num_classes = nc or prediction.shape[1] - 4
     # No image keeps more than max_nms candidates or more than it has: the padded output is allocated for what can
     # exist, not for a max_det of 10**9 (which would exhaust memory, where stock returns what there is).
     candidates = prediction.shape[2] * (num_classes if multi_label and num_classes > 1 else 1)
-    max_det = max(1, min(max_det, max_nms, candidates))
-    detections, counts, anchor_indices = batched_nms(
-        prediction,
+    return (
         num_classes,
-        conf_thres,
+        float(conf_thres),
         _stock_iou_threshold(iou_thres, prediction.device),
-        None if classes is None else _class_filter(classes),
-        agnostic,
-        multi_label,
-        max_det,
-        max_nms,
-        max_wh,
+        None if classes is None else tuple(_class_filter(classes)),
+        bool(agnostic),
+        bool(multi_label),
+        max(1, min(int(max_det), int(max_nms), candidates)),
+        int(max_nms),
+        float(max_wh),
     )
-    # Boxes with NaN or infinite coordinates take whatever path torchvision's NMS kernels give them (it differs by
-    # device); such a batch is handed to the stock function. The flag travels with the counts: still one copy.
-    nonfinite = (~torch.isfinite(prediction[:, :4])).any().view(1)
-    *counts, nonfinite = torch.cat((counts, nonfinite.to(counts.dtype))).tolist()  # the one copy to the host
-    if nonfinite:
-        return stock_non_max_suppression(*stock_args)
-    output = [rows[:count] for rows, count in zip(detections.unbind(0), counts)]
-    if not return_idxs:
-        return output
-    # Stock leaves an empty image's indices as its (0, 1) float placeholder.
-    keepi = [
-        indices[:count] if count else torch.zeros((0, 1), device=prediction.device)
-        for indices, count in zip(anchor_indices.unbind(0), counts)
-    ]
-    return output, keepi
+
+
+def nonfinite_boxes(prediction: torch.Tensor) -> torch.Tensor:
+    """``(1,)`` int64 on ``prediction``'s device: 1 where a box coordinate of the batch is NaN or infinite.
+
+    Such boxes take whatever path torchvision's NMS kernels give them (it differs by device), so a batch with one
+    goes to the stock function."""
+    return (~torch.isfinite(prediction[:, :4])).any().view(1).long()
+
+
+def image_rows(detections: torch.Tensor, counts: list[int]) -> list[torch.Tensor]:
+    """Each image's kept rows of the padded ``detections``, as the stock function's list (views, no copy)."""
+    return [rows[:count] for rows, count in zip(detections.unbind(0), counts)]
 
 
 def non_max_suppression_reference(
