@@ -1,10 +1,10 @@
 // Batched NMS on the GPU: the whole batch in three steps, no host synchronisation, fixed-size buffers (so a
 // CUDA graph can capture it).
 //
-// 1. select_candidates_kernel, one block per image: counts the image's candidates; when there are more than
-//    max_candidates (max_nms), finds the max_candidates-th largest sort key by a radix select (8 bits a round,
-//    from the top; keys are unique, so exactly max_candidates keys are >= it); writes the selected keys to the
-//    image's segment of a (B * max_candidates) buffer.
+// 1. select_candidates_kernel, one block per image: writes the image's candidates' sort keys to its segment of a
+//    (B * max_candidates) buffer; when there are more than max_candidates (max_nms), finds the max_candidates-th
+//    largest key by a radix select (8 bits a round, from the top; keys are unique, so exactly max_candidates keys
+//    are >= it) and writes those keys instead.
 // 2. cub's segmented radix sort orders every image's segment by key, descending: score descending, then
 //    candidate index ascending, the order in which the stock function visits boxes.
 // 3. suppress_kernel, one block per image: greedy suppression over tiles of 64 sorted candidates. A candidate
@@ -53,30 +53,35 @@ __global__ void __launch_bounds__(kSelectThreads)
     select_candidates_kernel(const scalar_t* __restrict__ prediction, const NmsParams params,
                              uint64_t* __restrict__ selected, int* __restrict__ segment_begin,
                              int* __restrict__ segment_end) {
-  __shared__ unsigned long long num_candidates;
   __shared__ unsigned int histogram[kRadixBins];
   __shared__ uint64_t threshold_prefix;  // leading bits of the max_candidates-th largest key found so far
   __shared__ uint64_t prefix_mask;       // which bits of threshold_prefix are known
   __shared__ unsigned long long rank;    // rank (1-based, descending) of that key among keys with the prefix
-  __shared__ unsigned int num_selected;
+  __shared__ unsigned int num_selected;  // candidates seen by the first pass (all of them)
+  __shared__ unsigned int retaken;       // keys taken again after a selection
 
   const int64_t image = blockIdx.x;
   const int64_t capacity = params.max_candidates;
   const scalar_t* image_prediction = prediction + image * params.strides[0];
   if (threadIdx.x == 0) {
-    num_candidates = 0;
     threshold_prefix = 0;
     prefix_mask = 0;
     rank = static_cast<unsigned long long>(capacity);
     num_selected = 0;
+    retaken = 0;
   }
   __syncthreads();
 
-  unsigned long long thread_candidates = 0;
-  for_each_image_candidate(image_prediction, params, [&](uint64_t) { ++thread_candidates; });
-  if (thread_candidates) atomicAdd(&num_candidates, thread_candidates);
+  // One pass takes every candidate while they fit (the usual case: a trained model leaves a few hundred); the
+  // count it ends with says whether a selection must follow. Measured on the H200 (6b002df, batch 1, 6300
+  // candidates): the kernel took 0.110 ms with a counting pass before the taking one.
+  uint64_t* image_selected = selected + image * capacity;
+  for_each_image_candidate(image_prediction, params, [&](uint64_t key) {
+    const unsigned int slot = atomicAdd(&num_selected, 1u);
+    if (slot < capacity) image_selected[slot] = key;
+  });
   __syncthreads();
-
+  const unsigned long long num_candidates = num_selected;
   const bool over_capacity = num_candidates > static_cast<unsigned long long>(capacity);
   if (over_capacity) {
     for (int shift = (sort_key_bits(params) - 1) / kRadixBits * kRadixBits; shift >= 0; shift -= kRadixBits) {
@@ -101,14 +106,12 @@ __global__ void __launch_bounds__(kSelectThreads)
       }
       __syncthreads();
     }
+    // Exactly `capacity` keys are >= the threshold (keys are unique): taken again, over what the first pass wrote.
+    const uint64_t threshold = threshold_prefix;
+    for_each_image_candidate(image_prediction, params, [&](uint64_t key) {
+      if (key >= threshold) image_selected[atomicAdd(&retaken, 1u)] = key;
+    });
   }
-
-  // Every key is above 0 (a passing score is positive), so without a selection every candidate is taken.
-  const uint64_t threshold = over_capacity ? threshold_prefix : 0;
-  uint64_t* image_selected = selected + image * capacity;
-  for_each_image_candidate(image_prediction, params, [&](uint64_t key) {
-    if (key >= threshold) image_selected[atomicAdd(&num_selected, 1u)] = key;
-  });
   if (threadIdx.x == 0) {
     segment_begin[image] = static_cast<int>(image * capacity);
     segment_end[image] = static_cast<int>(image * capacity + (over_capacity ? capacity : num_candidates));
