@@ -25,7 +25,13 @@ from ultralytics.models.yolo.detect import DetectionPredictor
 from ultralytics.utils import nms as ultralytics_nms
 
 from yolo_fastdetect.graphs import GraphCache
-from yolo_fastdetect.ops.nms import batched_nms, image_rows, non_max_suppression, nonfinite_boxes, operator_arguments
+from yolo_fastdetect.ops.nms import (
+    batched_nms,
+    counts_and_nonfinite_flag,
+    image_rows,
+    non_max_suppression,
+    operator_arguments,
+)
 
 from .predictor import replay_on
 from .results import builds_stock_results, detection_results, scale_by_size
@@ -66,7 +72,7 @@ def _nms_and_scale(prediction: torch.Tensor, arguments: tuple, input_shape: tupl
     non-finite flag: what one graph replays."""
     detections, counts, _ = batched_nms(prediction, *arguments)
     scale_by_size(detections, input_shape, [orig_shape] * prediction.shape[0])
-    return detections, torch.cat((counts, nonfinite_boxes(prediction)))
+    return detections, counts_and_nonfinite_flag(counts, prediction)
 
 
 def postprocess(self: DetectionPredictor, preds, img, orig_imgs, **kwargs) -> list[Results]:

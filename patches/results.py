@@ -67,7 +67,7 @@ def construct_results(self: DetectionPredictor, preds, img, orig_imgs, *args, **
     """``DetectionPredictor.construct_results`` with the boxes scaled by :func:`scale_by_size` where
     :func:`padded_batch` finds the batched NMS's rows and ``construct_result`` is DetectionPredictor's; the stock
     method otherwise."""
-    own_results = type(self).construct_result is not _ORIGINALS["construct_result"]
+    own_results = type(self).construct_result is not _STOCK_CONSTRUCT_RESULT
     batch = None if args or kwargs or own_results else padded_batch(preds)
     if batch is None or len(orig_imgs) != len(preds):
         return _ORIGINALS["construct_results"](self, preds, img, orig_imgs, *args, **kwargs)
@@ -95,7 +95,6 @@ def apply() -> None:
     """Install the batched ``construct_results`` on ``DetectionPredictor`` (idempotent)."""
     if not is_applied():
         _ORIGINALS["construct_results"] = DetectionPredictor.__dict__["construct_results"]
-        _ORIGINALS["construct_result"] = DetectionPredictor.__dict__["construct_result"]
         DetectionPredictor.construct_results = construct_results
 
 
@@ -103,7 +102,6 @@ def revert() -> None:
     """Restore stock's ``construct_results`` (idempotent)."""
     if is_applied():
         DetectionPredictor.construct_results = _ORIGINALS.pop("construct_results")
-        _ORIGINALS.pop("construct_result")
 
 
 def is_applied() -> bool:

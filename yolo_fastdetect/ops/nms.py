@@ -23,8 +23,8 @@ try:  # captured at import, before any patch replaces the module attribute
 except ImportError:  # the operator works without Ultralytics; only the drop-in needs it
     stock_non_max_suppression = None
 
-__all__ = ["batched_nms", "image_rows", "non_max_suppression", "non_max_suppression_reference", "nonfinite_boxes",
-           "operator_arguments"]
+__all__ = ["batched_nms", "counts_and_nonfinite_flag", "image_rows", "non_max_suppression",
+           "non_max_suppression_reference", "operator_arguments"]
 
 _FAST_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _MAX_CLASS_FILTER = 64  # kMaxClassFilter in csrc/nms/nms.h
@@ -185,8 +185,7 @@ def non_max_suppression(
     if arguments is None:
         return stock_non_max_suppression(*stock_args)
     detections, counts, anchor_indices = batched_nms(prediction, *arguments)
-    # The non-finite flag travels with the counts: still one copy to the host.
-    *counts, nonfinite = torch.cat((counts, nonfinite_boxes(prediction))).tolist()
+    *counts, nonfinite = counts_and_nonfinite_flag(counts, prediction).tolist()  # the one copy to the host
     if nonfinite:
         return stock_non_max_suppression(*stock_args)
     output = image_rows(detections, counts)
@@ -235,12 +234,13 @@ def operator_arguments(prediction, conf_thres: float, iou_thres: float, classes,
     )
 
 
-def nonfinite_boxes(prediction: torch.Tensor) -> torch.Tensor:
-    """``(1,)`` int64 on ``prediction``'s device: 1 where a box coordinate of the batch is NaN or infinite.
+def counts_and_nonfinite_flag(counts: torch.Tensor, prediction: torch.Tensor) -> torch.Tensor:
+    """``batched_nms``'s ``counts`` followed by 1 where a box coordinate of the batch is NaN or infinite (else 0), so
+    that one copy to the host brings both.
 
     Such boxes take whatever path torchvision's NMS kernels give them (it differs by device), so a batch with one
     goes to the stock function."""
-    return (~torch.isfinite(prediction[:, :4])).any().view(1).long()
+    return torch.cat((counts, (~torch.isfinite(prediction[:, :4])).any().view(1).to(counts.dtype)))
 
 
 def image_rows(detections: torch.Tensor, counts: list[int]) -> list[torch.Tensor]:
