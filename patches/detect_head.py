@@ -36,7 +36,7 @@ def _fast_path_applies(head: Detect, x: dict) -> bool:
     if torch.is_grad_enabled() and (boxes.requires_grad or scores.requires_grad):
         return False
     if boxes.device.type == "cuda":
-        if not _ext.has_cuda_kernels():
+        if not _ext.cuda_fast_path():
             return False
     elif boxes.device.type != "cpu" or not _ext.available():
         return False

@@ -103,7 +103,7 @@ def letterbox_options(predictor: DetectionPredictor, im) -> dict | None:
 def _gpu_letterbox(predictor: DetectionPredictor) -> bool:
     """Whether ``preprocess`` may letterbox on the GPU (the images decide the rest, see :func:`letterbox_options`)."""
     device = predictor.device
-    return device is not None and device.type == "cuda" and _ext.has_cuda_kernels()
+    return device is not None and device.type == "cuda" and _ext.cuda_fast_path()
 
 
 def setup_source(self: DetectionPredictor, source, stride: int | None = None) -> None:

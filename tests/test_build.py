@@ -63,11 +63,14 @@ def test_concurrent_builds_then_cached(tmp_path):
     outputs = [finish(first), finish(second)]
     libraries = {line for stdout, _ in outputs for line in stdout.splitlines() if line.startswith("library:")}
     assert len(libraries) == 1 and Path(libraries.pop().split(": ", 1)[1]).is_file()
-    assert any("building operators" in stderr for _, stderr in outputs)
+    builds = [stderr for _, stderr in outputs if "building the operators" in stderr]
+    assert builds, outputs
+    count = len(_ext._sources(with_cuda=False))  # a progress line per compiled file, then the total time
+    assert f"] [{count}/{count}] " in builds[0].replace("yolo_fastdetect: [", "] [") and "operators built in" in builds[0]
 
     stdout, stderr = finish(run_python(DECODE_CHECK, tmp_path))
     assert "library:" in stdout
-    assert "building operators" not in stderr
+    assert "building the operators" not in stderr
 
 
 def test_failed_build_warns_once_and_runs_stock(tmp_path):
@@ -132,7 +135,7 @@ def test_completed_library_loads_without_writing(built_cache, tmp_path):
     before = listing(root)
     result = run_in(root, DECODE_CHECK)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "building operators" not in result.stderr and "No CUDA runtime" not in result.stderr
+    assert "building the operators" not in result.stderr and "No CUDA runtime" not in result.stderr
     assert listing(root) == before
     if readonly_mounts_work(tmp_path):
         result = run_in(root, DECODE_CHECK, readonly=True)  # the Docker case: built once, run read-only
@@ -146,9 +149,9 @@ def test_damaged_library_is_rebuilt_never_loaded(built_cache, tmp_path, damage):
     library.write_bytes(data[: len(data) // 2] if damage == "truncated" else os.urandom(len(data)))
     result = run_in(root, "", args=("build",)) if damage == "garbage" else run_in(root, DECODE_CHECK)
     assert result.returncode == 0, result.stderr[-3000:]  # a bus error (rc -7) if the damaged file were loaded
-    assert "building operators" in result.stderr
+    assert "building the operators" in result.stderr
     assert _ext.is_complete(library)
-    assert "building operators" not in run_in(root, DECODE_CHECK).stderr
+    assert "building the operators" not in run_in(root, DECODE_CHECK).stderr
 
 
 def test_damaged_library_in_a_readonly_cache_runs_stock(built_cache, tmp_path):
@@ -199,7 +202,7 @@ def test_build_key_and_cuda_choice(monkeypatch, tmp_path):
     shutil.copytree(_ext.source_dir(), tmp_path / "csrc")
     monkeypatch.setattr(_ext, "source_dir", lambda: tmp_path / "csrc")
     assert _ext.build_dir(False) != here and _ext.build_dir(False).parent == here.parent
-    monkeypatch.setattr(_ext, "_cuda_home", lambda: "/usr/local/cuda")
+    monkeypatch.setattr(_ext._toolkit, "find", lambda: _ext._toolkit.Toolkit(Path("/usr/local/cuda"), "13.0", "system"))
     monkeypatch.setattr(_ext.torch.cuda, "is_available", lambda: False)
     monkeypatch.delenv("YOLO_FASTDETECT_CPU_ONLY", raising=False)
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)

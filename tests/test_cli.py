@@ -128,13 +128,16 @@ def test_build_cuda_asks_for_cuda_kernels(monkeypatch, capsys):
     wanted = []
     monkeypatch.setattr(_ext, "build", lambda: wanted.append(_ext._builds_cuda()) or Path("built.so"))
     monkeypatch.setattr(_ext.torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(_ext, "_cuda_home", lambda: "/usr/local/cuda")
+    monkeypatch.setattr(_ext._toolkit, "find", lambda: _ext._toolkit.Toolkit(Path("/usr/local/cuda"), "13.0", "system"))
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
     monkeypatch.delenv("YOLO_FASTDETECT_CPU_ONLY", raising=False)
     cli.main(["build"])
     cli.main(["build", "--cuda"])
     assert wanted == [False, True] and os.environ["TORCH_CUDA_ARCH_LIST"] == "9.0"
     assert "built.so" in capsys.readouterr().out
-    monkeypatch.setattr(_ext, "_cuda_home", lambda: None)
-    with pytest.raises(SystemExit, match="no CUDA toolkit"):
+    def no_toolkit():
+        raise _ext._toolkit.ToolkitError("no usable CUDA toolkit (no nvcc in CUDA_HOME, ...)")
+
+    monkeypatch.setattr(_ext._toolkit, "find", no_toolkit)
+    with pytest.raises(SystemExit, match="no usable CUDA toolkit"):
         cli.main(["build", "--cuda"])

@@ -16,10 +16,14 @@ import hashlib
 import os
 import sys
 import tempfile
+import threading
+import time
 import warnings
 from pathlib import Path
 
 import torch
+
+from . import _toolkit
 
 EXTENSION_NAME = "yolo_fastdetect_ops"
 MARKER_NAME = "complete"  # written after a successful link: the library's fingerprint
@@ -66,15 +70,13 @@ def _headers() -> list[Path]:
     return sorted([*root.glob("*.h"), *root.glob("*/*.h"), *root.glob("*/*.cuh")])
 
 
-def _cuda_home() -> str | None:
-    """The CUDA toolkit to compile with, or None when CUDA sources cannot be built here."""
-    if torch.version.cuda is None:
+def cuda_toolkit() -> _toolkit.Toolkit | None:
+    """The CUDA toolkit the build compiles with (:func:`yolo_fastdetect._toolkit.find`), or None when there is no
+    usable one (:func:`cuda_unavailable_reason` says why)."""
+    try:
+        return _toolkit.find()
+    except _toolkit.ToolkitError:
         return None
-    # A wrapper script named nvcc on PATH makes torch guess CUDA_HOME=/usr/local; prefer the real toolkit.
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if home and (Path(home) / "bin" / "nvcc").is_file():
-            return home
-    return None
 
 
 def cuda_arch_list() -> str:
@@ -133,8 +135,16 @@ def _builds_cuda() -> bool:
     """Whether this machine's build compiles the CUDA sources: a toolkit exists, a GPU is present or
     ``TORCH_CUDA_ARCH_LIST`` asks for CUDA kernels (a Docker image, CI), and no CPU-only build was asked
     (``YOLO_FASTDETECT_CPU_ONLY=1``). Without a GPU the CPU-only build takes about half the time."""
-    wanted = torch.cuda.is_available() or bool(os.environ.get("TORCH_CUDA_ARCH_LIST"))
-    return wanted and _cuda_home() is not None and os.environ.get("YOLO_FASTDETECT_CPU_ONLY", "0") != "1"
+    return _cuda_wanted() and _cpu_only_reason() is None and cuda_toolkit() is not None
+
+
+def _cuda_wanted() -> bool:
+    return torch.cuda.is_available() or bool(os.environ.get("TORCH_CUDA_ARCH_LIST"))
+
+
+def _cpu_only_reason() -> str | None:
+    """Why the build leaves out CUDA on purpose, or None."""
+    return "YOLO_FASTDETECT_CPU_ONLY=1" if os.environ.get("YOLO_FASTDETECT_CPU_ONLY", "0") == "1" else None
 
 
 def library_path() -> Path:
@@ -162,35 +172,93 @@ def is_complete(library: Path) -> bool:
 
 def _compile(library: Path, with_cuda: bool, verbose: bool) -> None:
     """Compile and load the operators into ``library``, then write its completion marker (atomically)."""
-    from torch.utils import cpp_extension  # only to compile: importing it without a GPU prints a CUDA warning
-
-    if with_cuda:
-        cuda_home = _cuda_home()
-        cpp_extension.CUDA_HOME = cuda_home
-        os.environ["CUDA_HOME"] = cuda_home
-        os.environ["TORCH_CUDA_ARCH_LIST"] = cuda_arch_list()
     directory = library.parent
     directory.mkdir(parents=True, exist_ok=True)
+    cflags = cpu_flags()
+    ldflags = ["-fopenmp"] if "-fopenmp" in cflags else []
+    cuda_cflags = ["-O3", "-lineinfo"]
+    toolkit = _toolkit.find() if with_cuda else None
+    if toolkit is not None:
+        os.environ["CUDA_HOME"] = str(toolkit.home)  # before cpp_extension's import, which guesses one otherwise
+    from torch.utils import cpp_extension  # only to compile: importing it without a GPU prints a CUDA warning
+
+    if toolkit is not None:
+        cpp_extension.CUDA_HOME = str(toolkit.home)
+        os.environ["TORCH_CUDA_ARCH_LIST"] = cuda_arch_list()
+        for folder in toolkit.include_dirs:
+            cuda_cflags += ["-isystem", str(folder)]
+        link_folder = _toolkit.link_folder(toolkit, directory)
+        ldflags += [f"-L{link_folder}"] if link_folder else []
     marker = directory / MARKER_NAME
     for stale in (marker, library):  # not a completed build: relinked (ninja would think it up to date), never loaded
         stale.unlink(missing_ok=True)
-    print(f"yolo_fastdetect: building operators ({'CPU+CUDA' if with_cuda else 'CPU'}) in {directory} ...",
+    sources = _sources(with_cuda)
+    kernels = f"CPU+CUDA with {toolkit.describe()}" if toolkit else "CPU"
+    print(f"yolo_fastdetect: building the operators once ({kernels}; {len(sources)} files) in {directory}",
           file=sys.stderr, flush=True)
-    cflags = cpu_flags()
-    cpp_extension.load(
-        name=EXTENSION_NAME,
-        sources=[str(s) for s in _sources(with_cuda)],
-        extra_cflags=cflags,
-        extra_ldflags=["-fopenmp"] if "-fopenmp" in cflags else [],
-        extra_cuda_cflags=["-O3", "-lineinfo"],
-        build_directory=str(directory),
-        with_cuda=with_cuda,
-        is_python_module=False,
-        verbose=verbose,
-    )
+    with _BuildProgress(directory, sources, quiet=verbose):
+        cpp_extension.load(
+            name=EXTENSION_NAME,
+            sources=[str(s) for s in sources],
+            extra_cflags=cflags,
+            extra_ldflags=ldflags,
+            extra_cuda_cflags=cuda_cflags,
+            build_directory=str(directory),
+            with_cuda=with_cuda,
+            is_python_module=False,
+            verbose=verbose,
+        )
     written = marker.with_name(f"{MARKER_NAME}.{os.getpid()}")
     written.write_text(_fingerprint(library))
     os.replace(written, marker)
+
+
+class _BuildProgress:
+    """Prints a line on stderr as each source's object file appears, with counts and elapsed time, then the total.
+
+    ninja runs the compilers on every core (``MAX_JOBS`` caps it) and keeps their output to itself unless the build
+    is verbose; the object files it writes are what show that a file is done, whichever ninja or torch runs.
+    """
+
+    def __init__(self, directory: Path, sources: list[Path], quiet: bool, interval: float = 0.5) -> None:
+        self.directory, self.quiet, self.interval = directory, quiet, interval
+        self.names = {self._object_name(source): source.name for source in sources}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="yolo_fastdetect-build-progress", daemon=True)
+
+    @staticmethod
+    def _object_name(source: Path) -> str:
+        """The object file cpp_extension names for ``source``: ``x.o``, or ``x.cuda.o`` for a ``.cu`` file."""
+        return f"{source.stem}.cuda.o" if source.suffix == ".cu" else f"{source.stem}.o"
+
+    def __enter__(self) -> _BuildProgress:
+        self.start = time.monotonic()
+        self.start_wall = time.time() - 1  # an object file older than this is a previous build's
+        if not self.quiet:
+            self.thread.start()
+        return self
+
+    def _watch(self) -> None:
+        done: set[str] = set()
+        while not self.stop.wait(self.interval):
+            for name in sorted(self.names.keys() - done):
+                path = self.directory / name
+                try:
+                    fresh = path.stat().st_mtime >= self.start_wall
+                except OSError:
+                    continue
+                if fresh:
+                    done.add(name)
+                    print(f"yolo_fastdetect: [{len(done)}/{len(self.names)}] {self.names[name]} "
+                          f"({time.monotonic() - self.start:.0f} s)", file=sys.stderr, flush=True)
+
+    def __exit__(self, error_type, error, traceback) -> None:
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join()
+        if error_type is None and not self.quiet:
+            print(f"yolo_fastdetect: operators built in {time.monotonic() - self.start:.0f} s", file=sys.stderr,
+                  flush=True)
 
 
 def build(verbose: bool = False) -> Path:
@@ -252,6 +320,48 @@ def available() -> bool:
 def has_cuda_kernels() -> bool:
     """Whether the loaded library carries CUDA kernels (it was built with nvcc)."""
     return available() and torch._C._dispatch_has_kernel_for_dispatch_key("yolo_fastdetect::detect_decode", "CUDA")
+
+
+def cuda_unavailable_reason() -> str | None:
+    """Why a model on a CUDA device runs stock, ending with what fixes it; None when the CUDA kernels are loaded or
+    will be built on first use. Never compiles: it reads the outcome of a build that ran.
+
+    Examples:
+        >>> from yolo_fastdetect import _ext
+        >>> _ext.cuda_unavailable_reason()  # doctest: +SKIP
+        'no usable CUDA toolkit (no nvcc in CUDA_HOME, ...); pip install "cuda-toolkit[nvcc,cccl]==13.0.*"'
+    """
+    if torch.version.cuda is None:
+        return "torch is a CPU build; install a CUDA build of torch"
+    if _state["loaded"] is False:
+        return (f"the operators failed to build or load: {_first_line(_state['error'])}; compiler output in "
+                f"{_state['log']}; `yolo-fastdetect build` retries and shows it")
+    reason = _cpu_only_reason()
+    if reason is None:
+        try:
+            _toolkit.find()
+        except _toolkit.ToolkitError as error:
+            reason = str(error)
+    if reason is None and _state["loaded"] and not has_cuda_kernels():
+        reason = f"the library {library_path()} was built without CUDA kernels; `yolo-fastdetect build --cuda`"
+    return reason
+
+
+@torch.compiler.assume_constant_result
+def cuda_fast_path() -> bool:
+    """Whether the CUDA kernels run for a model on a CUDA device: :func:`has_cuda_kernels`, and where they are
+    missing, one warning per process naming the cause and its fix (a failed build has warned already)."""
+    if has_cuda_kernels():
+        return True
+    if _state["loaded"] and not _state.get("warned_stock_on_gpu"):
+        _state["warned_stock_on_gpu"] = True
+        warnings.warn(
+            f"yolo_fastdetect: the model runs on a CUDA device, but the operators have no CUDA kernels, so Ultralytics "
+            f"runs stock there: {cuda_unavailable_reason()}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return False
 
 
 def require() -> None:

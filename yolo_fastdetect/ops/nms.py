@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .._ext import available, has_cuda_kernels, on_load, require
+from .._ext import available, cuda_fast_path, on_load, require
 
 try:  # captured at import, before any patch replaces the module attribute
     from ultralytics.utils.nms import non_max_suppression as stock_non_max_suppression
@@ -124,7 +124,7 @@ def _fast_path_applies(prediction, classes) -> bool:
         if class_filter is None or len(class_filter) > _MAX_CLASS_FILTER:
             return False
     if prediction.device.type == "cuda":
-        return has_cuda_kernels()
+        return cuda_fast_path()
     return prediction.device.type == "cpu" and available()
 
 
