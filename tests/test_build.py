@@ -66,7 +66,7 @@ def test_concurrent_builds_then_cached(tmp_path):
     builds = [stderr for _, stderr in outputs if "building the operators" in stderr]
     assert builds, outputs
     count = len(_ext._sources(with_cuda=False))  # a progress line per compiled file, then the total time
-    assert f"] [{count}/{count}] " in builds[0].replace("yolo_fastdetect: [", "] [") and "operators built in" in builds[0]
+    assert f"yolo_fastdetect: [{count}/{count}] " in builds[0] and "operators built in" in builds[0]
 
     stdout, stderr = finish(run_python(DECODE_CHECK, tmp_path))
     assert "library:" in stdout
@@ -238,3 +238,17 @@ def test_every_source_file_is_packaged_and_in_the_build_key(monkeypatch, tmp_pat
         assert _ext.build_dir(with_cuda=True) != key, f"{name} is not part of the build key"
         path.write_text(text)
     assert _ext.build_dir(with_cuda=True) == key
+
+
+def test_arch_list_adds_the_gpus_present_once(monkeypatch):
+    """The GPUs present join TORCH_CUDA_ARCH_LIST, except one the list already targets with arch-specific code
+    (9.0a for an sm_90 GPU): a plain build beside it would double every CUDA compile."""
+    monkeypatch.setattr(_ext.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(_ext.torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(_ext.torch.cuda, "get_device_capability", lambda index: [(9, 0), (8, 6)][index])
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
+    assert _ext.cuda_arch_list() == "8.6;9.0a"
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0 9.0")
+    assert _ext.cuda_arch_list() == "8.0;8.6;9.0"
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST")
+    assert _ext.cuda_arch_list() == "8.6;9.0"
