@@ -16,7 +16,6 @@ import argparse
 import statistics
 
 import torch
-import torchvision  # noqa: F401 - makes stock NMS use torchvision's kernel, as in a typical process
 
 from yolo_fastdetect.ops.nms import non_max_suppression, stock_non_max_suppression
 
@@ -133,6 +132,10 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--skip-predict", action="store_true", help="only time the function")
     parser.add_argument("--skip-function", action="store_true", help="only time model.predict")
     args = parser.parse_args(argv)
+    try:  # imported before stock runs, so that stock NMS uses torchvision's kernel, as in a typical process
+        import torchvision  # noqa: F401
+    except ImportError:
+        raise SystemExit("yolo-fastdetect bench nms times stock NMS with torchvision's kernel: pip install torchvision")
     device = args.device if args.device != "cuda" else "cuda:0"
     if device.startswith("cuda"):
         print(f"GPU: {torch.cuda.get_device_name(torch.device(device))}, torch {torch.__version__}")
