@@ -110,7 +110,18 @@ def disabled() -> Iterator[None]:
 
 
 def is_enabled() -> bool:
-    """Whether the Ultralytics patches are applied."""
+    """Whether the Ultralytics patches are applied.
+
+    Applied patches run the operators where they can: on a CUDA device that needs CUDA kernels, which a build
+    without a CUDA toolkit lacks. There Ultralytics runs stock on the GPU and the first such model warns once with
+    the cause and the fix; ``yolo-fastdetect info`` (or :func:`yolo_fastdetect.cli.gpu_state`) says which runs, and
+    ``yolo-fastdetect check`` proves it on a device.
+
+    Examples:
+        >>> import yolo_fastdetect
+        >>> yolo_fastdetect.is_enabled()  # doctest: +SKIP
+        True
+    """
     import sys
 
     patches = sys.modules.get(f"{__name__}.patches")
