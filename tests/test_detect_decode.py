@@ -46,6 +46,7 @@ def assert_rounded_alike(out, expected, max_stride, reg_max, compared_anchors=No
     error = (boxes_out - boxes_expected).abs()
     differing = (error > 0).any(1)
     report = f"{differing.sum().item()} of {differing.numel()} boxes differ, by up to {error.max().item():.3g} px"
+    print(report)  # the residue, with pytest -s or -rP
     assert differing.sum().item() <= max(1.0, RESIDUE * differing.numel()), report
     scale = boxes_expected.abs().clamp(min=reg_max * max_stride)
     assert (error <= 2 * torch.finfo(out.dtype).eps * torch.exp2(torch.floor(torch.log2(scale)))).all(), report

@@ -36,8 +36,9 @@ struct DecodeShape {
 
 // Stock's half decode (float16, bfloat16) materialises every step in the features' dtype: each PyTorch op computes
 // in float and rounds its output to the dtype (round to nearest even: c10::Half, __float2half_rn on CUDA). The
-// kernels round at the same points, so that their boxes and scores equal stock's bit for bit; for float32 rounding
-// is the identity and the math is the plain float decode.
+// kernels round at the same points, so that their boxes and scores equal stock's bit for bit, but where a float sum
+// added in another order (or, on the CPU, another exp) lands on a rounding boundary: about 1e-5 of the boxes. For
+// float32 rounding is the identity and the math is the plain float decode.
 template <typename scalar_t>
 YFD_HOST_DEVICE float round_to(float x) {
   return static_cast<float>(static_cast<scalar_t>(x));
