@@ -77,14 +77,14 @@ void decode_box_tile(const scalar_t* boxes_batch, int64_t num_anchors, int64_t f
   float distance[4][kTile];
   for (int side = 0; side < 4; ++side) {
     const scalar_t* side_logits = boxes_batch + side * RegMax * num_anchors + first;
-    dfl_expectation<RegMax, kTile>(
+    dfl_expectation<RegMax, kTile, scalar_t>(
         [&](int bin, int lane) { return static_cast<float>(side_logits[bin * num_anchors + lane]); }, distance[side]);
   }
   for (int lane = 0; lane < kTile; ++lane) {
     float centre_x, centre_y, stride, box[4];
-    anchor_centre(levels, first + lane, centre_x, centre_y, stride);
+    anchor_centre<scalar_t>(levels, first + lane, centre_x, centre_y, stride);
     const float anchor_distance[4] = {distance[0][lane], distance[1][lane], distance[2][lane], distance[3][lane]};
-    distances_to_box(centre_x, centre_y, anchor_distance, stride, xywh, box);
+    distances_to_box<scalar_t>(centre_x, centre_y, anchor_distance, stride, xywh, box);
     for (int side = 0; side < 4; ++side)
       out_batch[side * num_anchors + first + lane] = static_cast<scalar_t>(box[side]);
   }
@@ -126,7 +126,7 @@ void decode_cpu_kernel(const scalar_t* boxes, const scalar_t* scores, scalar_t* 
       const scalar_t* logits = scores + batch * scores_per_image + offset;
       scalar_t* probabilities = out + (batch * (4 + num_classes) + 4) * num_anchors + offset;
       for (int64_t index = 0; index < count; ++index)
-        probabilities[index] = static_cast<scalar_t>(sigmoid(static_cast<float>(logits[index])));
+        probabilities[index] = static_cast<scalar_t>(sigmoid<scalar_t>(static_cast<float>(logits[index])));
       begin += count;
     }
   });

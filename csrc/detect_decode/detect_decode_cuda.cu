@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int k = 0; k < kScoresPerThread; ++k) {
     const int64_t anchor = chunk_start + k * kThreads + threadIdx.x;
-    if (anchor < num_anchors) probabilities[anchor] = static_cast<scalar_t>(sigmoid(values[k]));
+    if (anchor < num_anchors) probabilities[anchor] = static_cast<scalar_t>(sigmoid<scalar_t>(values[k]));
   }
 }
 

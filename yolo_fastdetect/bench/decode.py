@@ -61,9 +61,12 @@ def time_decode(batch: int, dtype_name: str, device: str, compile_stock: bool, b
         return detect_head.fast_inference(head, x)
 
     with torch.inference_mode():
-        # sanity check against float64 (stock itself rounds to the dtype between its steps, and runs TF32 on CUDA)
+        # sanity check: float32 against float64 (stock runs TF32 on CUDA); half against the reference in its dtype,
+        # which rounds between steps as stock and the operator do
         x = inputs[0][0]
-        reference = detect_decode_reference(x["boxes"].double(), x["scores"].double(), LEVEL_SHAPES, LEVEL_STRIDES)
+        exact = dtype == torch.float32
+        boxes, scores = (x["boxes"].double(), x["scores"].double()) if exact else (x["boxes"], x["scores"])
+        reference = detect_decode_reference(boxes, scores, LEVEL_SHAPES, LEVEL_STRIDES).double()
         relative_error = ((run_ours(x).double() - reference).abs().max() / reference.abs().max()).item()
         assert relative_error < 2 * torch.finfo(dtype).eps, f"fused decode is off by {relative_error}"
         row = {"batch": batch, "dtype": dtype_name}

@@ -87,22 +87,31 @@ def detect_decode_reference(
     reg_max: int = 16,
     xywh: bool = True,
 ) -> torch.Tensor:
-    """Pure-PyTorch decode with the operator's signature, computed in the inputs' dtype (tests use float64)."""
+    """Pure-PyTorch decode with the operator's signature, computed in the inputs' dtype (tests use float64).
+
+    float16 and bfloat16 round where stock Ultralytics' decode rounds, which keeps every step in the features' dtype:
+    the DFL softmax and its sum over the bins computed in float and each rounded once to the dtype, the anchors built
+    in the dtype (as ``make_anchors``), then one PyTorch op per step of ``dist2bbox`` and the stride scale, each of
+    which rounds its output.
+    """
+    dtype, device = boxes.dtype, boxes.device
+    accumulate = torch.promote_types(dtype, torch.float32)  # float for half; the dtype itself otherwise
     batch, _, num_anchors = boxes.shape
     if reg_max > 1:
-        bins = torch.arange(reg_max, dtype=boxes.dtype, device=boxes.device).view(1, 1, reg_max, 1)
-        distance = (boxes.view(batch, 4, reg_max, num_anchors).softmax(2) * bins).sum(2)
+        bins = torch.arange(reg_max, dtype=accumulate, device=device).view(1, 1, reg_max, 1)
+        probabilities = boxes.view(batch, 4, reg_max, num_anchors).to(accumulate).softmax(2).to(dtype)
+        distance = (probabilities.to(accumulate) * bins).sum(2).to(dtype)
     else:
         distance = boxes
     centres, strides = [], []
     for (height, width), stride in zip(level_shapes, level_strides):
         ys, xs = torch.meshgrid(
-            torch.arange(height, dtype=boxes.dtype, device=boxes.device) + 0.5,
-            torch.arange(width, dtype=boxes.dtype, device=boxes.device) + 0.5,
+            torch.arange(height, device=device).to(dtype) + 0.5,
+            torch.arange(width, device=device).to(dtype) + 0.5,
             indexing="ij",
         )
         centres.append(torch.stack((xs.flatten(), ys.flatten())))
-        strides.append(torch.full((height * width,), float(stride), dtype=boxes.dtype, device=boxes.device))
+        strides.append(torch.full((height * width,), float(stride), dtype=dtype, device=device))
     centres, strides = torch.cat(centres, 1), torch.cat(strides)
     top_left, bottom_right = centres - distance[:, :2], centres + distance[:, 2:]
     if xywh:
