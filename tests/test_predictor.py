@@ -78,7 +78,7 @@ def test_apply_and_revert_restore_the_class_dicts_exactly():
 
 
 def test_enable_disable_round_trip():
-    assert predictor_patch in patches.PATCHES
+    assert predictor_patch.PATCH in patches.PATCHES
     assert yolo_fastdetect.is_enabled() and predictor_patch.is_applied()
     yolo_fastdetect.disable()
     yolo_fastdetect.disable()  # idempotent
