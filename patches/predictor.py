@@ -1,10 +1,6 @@
-"""Patch ``DetectionPredictor.setup_source``, ``.preprocess`` and ``.inference``: parallel read-ahead decoding of
-file sources, letterbox on the GPU, forward pass from CUDA graphs.
+"""Patch ``DetectionPredictor.preprocess`` and ``.inference``: letterbox on the GPU, forward pass from CUDA graphs
+(the file sources' parallel decoding is :mod:`.sources`).
 
-- ``setup_source`` (every device): file sources (an image, video, folder, glob, ``.txt``/``.csv`` list, or a Python
-  list of paths) are read by :mod:`yolo_fastdetect.sources`, which decodes ahead on a pool of threads exactly as
-  stock decodes them; streams, URLs and in-memory inputs keep Ultralytics' loaders. ``YOLO_FASTDETECT_SOURCES=0``
-  keeps them for everything.
 - ``preprocess`` (CUDA): letterboxes in the ``letterbox`` operator on the GPU, uploading the original images
   (bit-identical input).
 - ``inference`` (CUDA): replays the forward pass from a CUDA graph per input shape (:mod:`yolo_fastdetect.graphs`):
@@ -14,7 +10,7 @@ file sources, letterbox on the GPU, forward pass from CUDA graphs.
   ``YOLO_FASTDETECT_GRAPHS=0`` turns the replay off, ``YOLO_FASTDETECT_GRAPH_CACHE`` bounds the number of graphs kept
   (default 8).
 
-``DetectionPredictor`` inherits these methods from ``BasePredictor``; ``apply()`` sets them on ``DetectionPredictor``
+``DetectionPredictor`` inherits both methods from ``BasePredictor``; ``apply()`` sets them on ``DetectionPredictor``
 (so Segment, Pose and OBB predictors get them too), and ``attempt_compile`` in ``ultralytics.engine.predictor`` where
 that module has it (8.3.1xx on); ``revert()`` restores both as they were. The GPU letterbox learns the stock
 letterbox's minimal padding (``auto``) from a probe of the predictor's own ``pre_transform``, so it follows each
@@ -30,8 +26,6 @@ next call.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import os
 import weakref
 from collections.abc import Callable
@@ -49,7 +43,6 @@ from ultralytics.nn.tasks import DetectionModel, OBBModel, PoseModel, Segmentati
 from yolo_fastdetect import _ext
 from yolo_fastdetect.graphs import default_cache
 from yolo_fastdetect.ops.letterbox import letterbox
-from yolo_fastdetect.sources import file_loader
 
 from ._patching import Patch, Replacement, parameters, require
 
@@ -71,7 +64,7 @@ def _stock(predictor: DetectionPredictor, name: str) -> Callable:
     return PATCH.original(name).__get__(predictor)
 
 
-def _scale_fill(predictor: DetectionPredictor) -> bool:
+def scale_fill(predictor: DetectionPredictor) -> bool:
     """Whether the predictor stretches images instead of letterboxing them (an attribute since 8.4.1xx)."""
     return bool(getattr(predictor, "scale_fill", False))
 
@@ -86,7 +79,7 @@ def _stock_pads_minimally(predictor: DetectionPredictor) -> bool:
     (LetterBox's ``auto``), as the release computes it from the model, ``rect`` and ``scale_fill``; learnt by probing
     it with tiny images, once per model and arguments."""
     key = (id(predictor.model), bool(getattr(predictor.args, "rect", False)), tuple(predictor.imgsz),
-           _scale_fill(predictor))
+           scale_fill(predictor))
     known = predictor.__dict__.setdefault("_yolo_fastdetect_pads_minimally", {})
     if key not in known:
         shapes = [predictor.pre_transform([probe])[0].shape[:2] for probe in _PROBES]
@@ -98,7 +91,7 @@ def letterbox_options(predictor: DetectionPredictor, im) -> dict | None:
     """Arguments of :func:`yolo_fastdetect.letterbox` that reproduce the predictor's stock ``pre_transform`` +
     ``preprocess`` of ``im``, or None where they cannot (not a list of BGR uint8 images, a custom ``pre_transform``,
     ``scale_fill``, a model that is not 3-channel). Device-independent: the caller decides where it runs."""
-    if not isinstance(im, list) or not im or _scale_fill(predictor):
+    if not isinstance(im, list) or not im or scale_fill(predictor):
         return None
     if getattr(predictor.pre_transform, "__func__", None) is not BasePredictor.pre_transform:
         return None
@@ -117,33 +110,10 @@ def letterbox_options(predictor: DetectionPredictor, im) -> dict | None:
     }
 
 
-def _gpu_letterbox(predictor: DetectionPredictor) -> bool:
+def gpu_letterbox(predictor: DetectionPredictor) -> bool:
     """Whether ``preprocess`` may letterbox on the GPU (the images decide the rest, see :func:`letterbox_options`)."""
     device = predictor.device
     return device is not None and device.type == "cuda" and _ext.has_cuda_kernels()
-
-
-def setup_source(self: DetectionPredictor, source, stride: int | None = None) -> None:
-    """``BasePredictor.setup_source`` with the parallel loader of :mod:`yolo_fastdetect.sources` for file sources
-    (stock takes a ready loader as it is), which uploads the images ahead where ``preprocess`` letterboxes on the
-    GPU; stock's loader for every other source."""
-    channels = getattr(self.model, "channels", 3)
-    gpu_input = _gpu_letterbox(self) and channels == 3 and not _scale_fill(self)
-    # A list of paths is read in batches, where stock letterboxes the list as one batch: preprocess reproduces that
-    # by turning `rect` off, which only releases whose pre_transform reads `rect` (8.3.2xx on) honour.
-    batched_list_differs = isinstance(source, (list, tuple)) and not _pre_transform_reads_rect()
-    loader = None if batched_list_differs else file_loader(
-        source, batch=self.args.batch, vid_stride=self.args.vid_stride, channels=channels,
-        device=self.device if gpu_input else None)
-    # 8.3.2xx added the stride argument; before it, stock takes the source alone.
-    extra = () if stride is None and "stride" not in parameters(PATCH.original("setup_source")) else (stride,)
-    _stock(self, "setup_source")(source if loader is None else loader, *extra)
-
-
-@functools.cache
-def _pre_transform_reads_rect() -> bool:
-    """Whether stock ``BasePredictor.pre_transform`` reads ``args.rect`` (its code names the attribute)."""
-    return "rect" in inspect.getattr_static(BasePredictor, "pre_transform").__code__.co_names
 
 
 def preprocess(self: DetectionPredictor, im) -> torch.Tensor:
@@ -162,7 +132,7 @@ def preprocess(self: DetectionPredictor, im) -> torch.Tensor:
 def _letterboxed(self: DetectionPredictor, im) -> torch.Tensor:
     """The model input of ``im``: the letterbox operator on a CUDA device (from the copies the loader uploaded ahead,
     where it did), else the stock method."""
-    if _gpu_letterbox(self):
+    if gpu_letterbox(self):
         options = letterbox_options(self, im)
         if options is not None:
             uploads = getattr(self.dataset, "uploads", None)
@@ -265,14 +235,13 @@ def attempt_compile(model: torch.nn.Module, device: torch.device, imgsz: int = 6
     return compiled
 
 
-_METHODS = {"setup_source": setup_source, "preprocess": preprocess, "inference": inference}
+_METHODS = {"preprocess": preprocess, "inference": inference}
 # What each method patched on DetectionPredictor must take, in stock's order, for the patched one to stand in for it.
-_STOCK_PARAMETERS = {"setup_source": (["self", "source"], ["self", "source", "stride"]),
-                     "preprocess": (["self", "im"],), "inference": (["self", "im", "args", "kwargs"],)}
+_STOCK_PARAMETERS = {"preprocess": (["self", "im"],), "inference": (["self", "im", "args", "kwargs"],)}
 
 
 def _plan() -> list[Replacement]:
-    """The three methods on ``DetectionPredictor`` (after checking stock's signatures and what the GPU paths read),
+    """The two methods on ``DetectionPredictor`` (after checking stock's signatures and what the GPU paths read),
     and ``attempt_compile`` where ``ultralytics.engine.predictor`` calls one."""
     for name, accepted in _STOCK_PARAMETERS.items():
         stock = getattr(DetectionPredictor, name, None)
@@ -292,8 +261,8 @@ def _plan() -> list[Replacement]:
 
 PATCH = Patch(
     "predictor",
-    "DetectionPredictor.setup_source(source[, stride]), preprocess(im), inference(im, *args, **kwargs) and "
-    "pre_transform; ultralytics.engine.predictor.attempt_compile where compile= exists",
+    "DetectionPredictor.preprocess(im), inference(im, *args, **kwargs) and pre_transform; "
+    "ultralytics.engine.predictor.attempt_compile where compile= exists",
     _plan,
     on_revert=lambda: default_cache().clear(),
 )
