@@ -1,6 +1,6 @@
 """Check yolo_fastdetect against the Ultralytics this interpreter imports, and print one JSON object.
 
-``python -m yolo_fastdetect.bench.version_check [--device cpu|0] [--quick]`` imports the package (which
+``python -m yolo_fastdetect.bench._version_check [--device cpu|0] [--quick]`` imports the package (which
 patches), records each patch's state and the warnings, checks that ``disable()``/``enable()`` round-trip, then runs
 stock (``yolo_fastdetect.disabled()``) and patched Ultralytics on the same seeded YAML models and the wheel's images
 in this one process and compares: ``predict`` of YOLOv8, YOLO11 (YOLO12 and YOLO26 where the release has them), one
@@ -244,7 +244,7 @@ def val_checks(checks: Checks, device: str, quick: bool) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Run every check and print the JSON report (``--help`` for the options)."""
-    parser = argparse.ArgumentParser(prog="python -m yolo_fastdetect.bench.version_check", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m yolo_fastdetect.bench._version_check", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="cpu, or a CUDA index such as 0")
     parser.add_argument("--quick", action="store_true", help="one model for predict and val (import checks all)")
