@@ -2,8 +2,8 @@
 
 Predictors (``DetectionPredictor.postprocess``, which Segment and Pose reuse), validators
 (``DetectionValidator.postprocess``) and ``AutoBackend``'s warm-up all call it through the module attribute, so
-swapping that attribute reaches every caller: in ``ultralytics.utils.nms`` from 8.3.1xx on, in
-``ultralytics.utils.ops`` before. The drop-in hands rotated (OBB) and end-to-end predictions, and anything its
+swapping that attribute reaches every caller: in ``ultralytics.utils.nms`` (8.3.200 and later), in
+``ultralytics.utils.ops`` up to 8.3.100. The drop-in hands rotated (OBB) and end-to-end predictions, and anything its
 operator does not cover, to the stock function; on releases whose function also takes ``labels`` (hybrid
 auto-labelling) or ``in_place``, a call that uses them runs stock.
 """
@@ -69,7 +69,7 @@ def _plan() -> list[Replacement]:
 PATCH = Patch(
     "nms",
     "non_max_suppression(prediction, conf_thres, iou_thres, classes, agnostic, multi_label, max_det, nc, max_nms, "
-    "max_wh, ...) in ultralytics.utils.nms (8.3.1xx on) or ultralytics.utils.ops (8.3.0)",
+    "max_wh, ...) in ultralytics.utils.nms (8.3.200 on) or ultralytics.utils.ops (to 8.3.100)",
     _plan,
 )
 apply, revert, is_applied = PATCH.apply, PATCH.revert, PATCH.is_applied

@@ -12,7 +12,7 @@
 
 ``DetectionPredictor`` inherits both methods from ``BasePredictor``; ``apply()`` sets them on ``DetectionPredictor``
 (so Segment, Pose and OBB predictors get them too), and ``attempt_compile`` in ``ultralytics.engine.predictor`` where
-that module has it (8.3.1xx on); ``revert()`` restores both as they were. The GPU letterbox learns the stock
+that module has it (8.3.200 on); ``revert()`` restores both as they were. The GPU letterbox learns the stock
 letterbox's minimal padding (``auto``) from a probe of the predictor's own ``pre_transform``, so it follows each
 release's rule. Everything else (CPU preprocessing and inference, other model formats,
 ``augment``/``embed``/``visualize``, a custom ``pre_transform``, forward hooks such as the tracker's ReID hook, extra
@@ -65,7 +65,7 @@ def _stock(predictor: DetectionPredictor, name: str) -> Callable:
 
 
 def scale_fill(predictor: DetectionPredictor) -> bool:
-    """Whether the predictor stretches images instead of letterboxing them (an attribute since 8.4.1xx)."""
+    """Whether the predictor stretches images instead of letterboxing them (an attribute in 8.4.190, not 8.4.100)."""
     return bool(getattr(predictor, "scale_fill", False))
 
 
@@ -168,7 +168,7 @@ def replay_on() -> bool:
 
 
 def _pytorch_backend(backend: AutoBackend) -> bool:
-    """Whether the backend runs a PyTorch model: ``format == "pt"`` (8.4.1xx on), the ``pt`` flag before."""
+    """Whether the backend runs a PyTorch model: ``format == "pt"`` (8.4.100 on), the ``pt`` flag before."""
     if hasattr(backend, "format"):
         return backend.format == "pt"
     return bool(getattr(backend, "pt", False))
@@ -252,7 +252,7 @@ def _plan() -> list[Replacement]:
     require(hasattr(AutoBackend, "forward"), "AutoBackend has no forward")
     replacements = [Replacement(DetectionPredictor, name, method) for name, method in _METHODS.items()]
     stock_compile = getattr(engine_predictor, "attempt_compile", None)
-    if stock_compile is not None:  # compile= (8.3.1xx on)
+    if stock_compile is not None:  # compile= (8.3.200 on)
         require({"model", "device", "imgsz", "use_autocast", "warmup", "mode"} <= set(parameters(stock_compile)),
                 "attempt_compile does not take (model, device, imgsz, use_autocast, warmup, mode)")
         replacements.append(Replacement(engine_predictor, "attempt_compile", attempt_compile))

@@ -7,7 +7,8 @@ in-memory inputs keep Ultralytics' loaders, and ``YOLO_FASTDETECT_SOURCES=0`` ke
 
 The loaders subclass Ultralytics' ``LoadImagesAndVideos`` and ``LoadPilAndNumpy`` and decode with its ``imread``,
 ``autocast_list``, ``LoadPilAndNumpy._single_check`` and ``LoadImagesAndVideos._append_image``; the plan checks those
-are there and take the model's channels (8.4.1xx on; 8.3.2xx for all but ``_append_image``). A list of paths arrives
+are there and take the model's channels (8.4.190 has them; 8.3.200-8.4.100 lack ``_append_image``, older releases
+``channels`` too). A list of paths arrives
 in batches, where stock letterboxes the list as one batch: ``preprocess`` reproduces that by turning ``args.rect`` off
 for a list of mixed sizes, so the plan also checks that ``pre_transform`` reads it.
 """
@@ -35,7 +36,7 @@ def setup_source(self: DetectionPredictor, source, stride: int | None = None) ->
     loader = file_loader(source, batch=self.args.batch, vid_stride=self.args.vid_stride, channels=channels,
                          device=self.device if gpu_input else None)
     stock = PATCH.original("setup_source")
-    # 8.3.2xx added the stride argument; before it, stock takes the source alone.
+    # Stock takes a stride from 8.3.253 on (not 8.3.200), the source alone before.
     extra = (stride,) if stride is not None or "stride" in parameters(stock) else ()
     stock(self, source if loader is None else loader, *extra)
 
@@ -50,7 +51,7 @@ def _plan() -> list[Replacement]:
             "LoadImagesAndVideos does not take (path, batch, vid_stride, channels)")
     append = getattr(loaders.LoadImagesAndVideos, "_append_image", None)  # what the loader adds each image with
     require(callable(append) and parameters(append) == ["self", "paths", "imgs", "info", "path", "im0", "idx"],
-            "LoadImagesAndVideos has no _append_image(paths, imgs, info, path, im0, idx) (8.4.1xx on)")
+            "LoadImagesAndVideos has no _append_image(paths, imgs, info, path, im0, idx)")
     require(callable(getattr(loaders, "imread", None)) and callable(getattr(loaders, "autocast_list", None)),
             "ultralytics.data.loaders has no imread/autocast_list")
     require(len(parameters(loaders.LoadPilAndNumpy._single_check)) == 2,

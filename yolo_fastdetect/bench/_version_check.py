@@ -266,12 +266,12 @@ def main(argv: list[str] | None = None) -> None:
         import numpy as np
         import torch
 
-        # Imported first, as Ultralytics 8.4.1xx does itself: without it, older releases' stock NMS is their TorchNMS,
+        # Imported first, as Ultralytics 8.4.190 does itself: without it, older releases' stock NMS is their TorchNMS,
         # whose unstable sort orders tied scores as it likes (the drop-in orders them by anchor, as torchvision's
         # kernel does), and the seeded models tie on the letterbox padding.
         import torchvision  # noqa: F401
 
-        if not hasattr(np, "trapz"):  # numpy 2 removed trapz, which the 8.3.1xx metrics call: stock val runs at all
+        if not hasattr(np, "trapz"):  # numpy 2 removed trapz, which the metrics of 8.3.100 and older call
             np.trapz = np.trapezoid
 
         device = args.device if args.device == "cpu" else f"cuda:{args.device}"

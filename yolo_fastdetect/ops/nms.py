@@ -22,8 +22,8 @@ from .._ext import available, has_cuda_kernels, on_load, require
 
 
 def _stock_function():
-    """Ultralytics' ``non_max_suppression`` where its predictors call it: ``ultralytics.utils.nms`` (8.3.1xx on),
-    else ``ultralytics.utils.ops`` (8.3.0); None without Ultralytics. The operator works without it; only the
+    """Ultralytics' ``non_max_suppression`` where its predictors call it: ``ultralytics.utils.nms`` (8.3.200 on),
+    else ``ultralytics.utils.ops`` (to 8.3.100); None without Ultralytics. The operator works without it; only the
     drop-in's fall-backs need it."""
     for module in ("ultralytics.utils.nms", "ultralytics.utils.ops"):
         try:

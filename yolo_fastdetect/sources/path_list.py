@@ -74,8 +74,8 @@ def _opencv_jpeg(path: str | Path) -> np.ndarray | None:
 
 
 def _single_check_mode(channels: int) -> int | str:
-    """``LoadPilAndNumpy._single_check``'s second argument for ``channels``: the channels (8.4.1xx on) or, before,
-    the PIL mode stock's ``LoadPilAndNumpy`` passes ("L" for one channel, else "RGB")."""
+    """``LoadPilAndNumpy._single_check``'s second argument for ``channels``: the channels (8.4.190) or, in releases
+    up to 8.4.100 at least, the PIL mode stock's ``LoadPilAndNumpy`` passes ("L" for one channel, else "RGB")."""
     second = list(inspect.signature(LoadPilAndNumpy._single_check).parameters)[1]
     return channels if second == "channels" else ("L" if channels == 1 else "RGB")
 
