@@ -7,8 +7,8 @@ in-memory inputs keep Ultralytics' loaders, and ``YOLO_FASTDETECT_SOURCES=0`` ke
 
 The loaders subclass Ultralytics' ``LoadImagesAndVideos`` and ``LoadPilAndNumpy`` and decode with its ``imread``,
 ``autocast_list``, ``LoadPilAndNumpy._single_check`` and ``LoadImagesAndVideos._append_image``; the plan checks those
-are there and take the model's channels (8.4.190 has them; 8.3.200-8.4.100 lack ``_append_image``, older releases
-``channels`` too). A list of paths arrives
+are there and take the model's channels (8.4.190 has them; 8.3.200-8.4.100 lack ``_append_image`` and pass
+``_single_check`` a PIL mode, older releases take no channels at all). A list of paths arrives
 in batches, where stock letterboxes the list as one batch: ``preprocess`` reproduces that by turning ``args.rect`` off
 for a list of mixed sizes, so the plan also checks that ``pre_transform`` reads it.
 """
@@ -54,8 +54,8 @@ def _plan() -> list[Replacement]:
             "LoadImagesAndVideos has no _append_image(paths, imgs, info, path, im0, idx)")
     require(callable(getattr(loaders, "imread", None)) and callable(getattr(loaders, "autocast_list", None)),
             "ultralytics.data.loaders has no imread/autocast_list")
-    require(len(parameters(loaders.LoadPilAndNumpy._single_check)) == 2,
-            "LoadPilAndNumpy._single_check does not take (im, channels or PIL mode)")
+    require(parameters(loaders.LoadPilAndNumpy._single_check) == ["im", "channels"],
+            "LoadPilAndNumpy._single_check does not take (im, channels)")
     require("rect" in inspect.getattr_static(BasePredictor, "pre_transform").__code__.co_names,
             "BasePredictor.pre_transform does not read args.rect")
     return [Replacement(DetectionPredictor, "setup_source", setup_source)]
@@ -64,7 +64,7 @@ def _plan() -> list[Replacement]:
 PATCH = Patch(
     "sources",
     "DetectionPredictor.setup_source(source[, stride]); LoadImagesAndVideos(path, batch, vid_stride, channels) with "
-    "_append_image, imread, autocast_list, LoadPilAndNumpy._single_check(im, channels|mode); pre_transform reading "
+    "_append_image, imread, autocast_list, LoadPilAndNumpy._single_check(im, channels); pre_transform reading "
     "args.rect",
     _plan,
 )

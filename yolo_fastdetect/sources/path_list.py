@@ -24,7 +24,6 @@ each batch by it.
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -73,13 +72,6 @@ def _opencv_jpeg(path: str | Path) -> np.ndarray | None:
     return cv2.imdecode(data, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
 
 
-def _single_check_mode(channels: int) -> int | str:
-    """``LoadPilAndNumpy._single_check``'s second argument for ``channels``: the channels (8.4.190) or, in releases
-    up to 8.4.100 at least, the PIL mode stock's ``LoadPilAndNumpy`` passes ("L" for one channel, else "RGB")."""
-    second = list(inspect.signature(LoadPilAndNumpy._single_check).parameters)[1]
-    return channels if second == "channels" else ("L" if channels == 1 else "RGB")
-
-
 def _decode(
     entry: tuple[int, str | Path, bool], channels: int, uploads: Uploads | None = None
 ) -> tuple[str, np.ndarray]:
@@ -91,7 +83,7 @@ def _decode(
     else:
         pil_image = autocast_list([path])[0]
         name = getattr(pil_image, "filename", "") or f"image{index}.jpg"
-        image = LoadPilAndNumpy._single_check(pil_image, _single_check_mode(channels))
+        image = LoadPilAndNumpy._single_check(pil_image, channels)
     return name, image if uploads is None else uploads.put(image)
 
 
