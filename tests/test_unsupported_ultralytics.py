@@ -13,8 +13,8 @@ import pytest
 
 from conftest import subprocess_env
 
-# Imports the package under -W always and prints what it did as JSON: enabled, the patch states, its warnings, and
-# whether Ultralytics' NMS, Detect head and predictor are still stock.
+# Imports the package under -W always and prints what it did as JSON: enabled, the patch states, the CLI's state line,
+# its warnings, and whether Ultralytics' Detect head and predictor are still stock.
 PROBE = """
 import json, sys, warnings
 {prelude}
@@ -30,7 +30,9 @@ try:
                     for f in (Detect._inference, DetectionPredictor.preprocess))
 except ImportError:
     pass
+from yolo_fastdetect.cli import patch_state
 print(json.dumps({{"enabled": yolo_fastdetect.is_enabled(), "patches": patches.states(), "stock": stock,
+                  "state_line": patch_state(),
                   "warnings": [str(w.message) for w in caught if "yolo_fastdetect" in str(w.message)]}}))
 """
 
@@ -72,6 +74,7 @@ def test_unsupported_release_warns_and_stays_stock(tmp_path, version, modules):
     assert all(state.startswith("off (") for state in report["patches"].values()), report
     assert any(f"Ultralytics {version} is untested" in w for w in report["warnings"]), report
     assert any("these patches are off" in w for w in report["warnings"]), report
+    assert report["state_line"].startswith(f"off (no patch applies to Ultralytics {version}: detect_head off ("), report
     if version == "9.0.0":  # the head exists but is not what detect_head replaces: it says so
         assert "Detect has no _inference" in report["patches"]["detect_head"]
         assert "lacks the arguments" in report["patches"]["nms"]

@@ -35,6 +35,8 @@ def assert_release_passes(folder: Path, device: str) -> None:
     print(render(report))  # the per-check durations and states, shown with -s or on failure
     assert report["ok"], render(report)
     assert all(report["patches"][name] == "on" for name in ALWAYS_ON), render(report)
+    for name, state in report["patches"].items():  # the start-up line names each patch off and its reason
+        assert state == "on" or f"{name} {state}" in report["state_line"], report["state_line"]
     assert any(row["name"].startswith("val ") for row in report["checks"]), render(report)
 
 

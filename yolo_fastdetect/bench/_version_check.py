@@ -254,11 +254,13 @@ def main(argv: list[str] | None = None) -> None:
         warnings.simplefilter("always")
         import yolo_fastdetect
         from yolo_fastdetect import patches
+        from yolo_fastdetect.cli import patch_state
     report = {
         "ultralytics": patches.ultralytics_version(),
         "warnings": [str(w.message) for w in caught if "yolo_fastdetect" in str(w.message)],
         "enabled": yolo_fastdetect.is_enabled(),
         "patches": patches.states(),
+        "state_line": patch_state(),  # what `yolo-fastdetect info` and the CLI's start-up line say
     }
     checks = Checks()
     checks.run("enable/disable", check_enable_disable)
