@@ -50,7 +50,7 @@ def release(version: str) -> tuple[int, ...]:
 def untested_note(version: str | None) -> str | None:
     """One line saying the installed release is outside the tested range, or None inside it."""
     if version is None:
-        return "Ultralytics is not installed"
+        return "Ultralytics is not installed (or cannot be imported)"
     if not release(version) or not release(OLDEST_TESTED) <= release(version) <= release(NEWEST_TESTED):
         return f"Ultralytics {version} is untested (tested: {OLDEST_TESTED} to {NEWEST_TESTED})"
     return None
@@ -64,7 +64,8 @@ def apply_all() -> bool:
     messages = [untested_note(version)]
     off = [f"{patch.name} ({patch.reason})" for patch in PATCHES if patch.reason]
     if off:
-        messages.append(f"on Ultralytics {version} these patches are off, running stock there: {'; '.join(off)}")
+        messages.append(f"on Ultralytics {version or '(none)'} these patches are off, running stock there: "
+                        f"{'; '.join(off)}")
     for message in filter(None, messages):
         if message not in _warned:
             _warned.add(message)

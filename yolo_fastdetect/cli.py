@@ -130,7 +130,7 @@ def patch_state() -> str:
     from yolo_fastdetect import patches
 
     reasons = "; ".join(f"{name} {state}" for name, state in patches.states().items())
-    return f"off (no patch applies to Ultralytics {patches.ultralytics_version()}: {reasons})"
+    return f"off (no patch applies to Ultralytics {patches.ultralytics_version() or '(none)'}: {reasons})"
 
 
 def _export_runs_stock(exporter) -> None:
