@@ -50,3 +50,12 @@ def test_release_matches_stock(folder):
 def test_release_matches_stock_on_the_gpu(folder):
     """The same checks with ``device=0``: the GPU letterbox, CUDA graphs and the graphed post-processing run."""
     assert_release_passes(folder, "0")
+
+
+def test_guard_help_exits_0(capsys):
+    from yolo_fastdetect.bench.versions import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    assert "usage: python -m yolo_fastdetect.bench.versions" in capsys.readouterr().out
