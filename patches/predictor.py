@@ -236,20 +236,18 @@ def attempt_compile(model: torch.nn.Module, device: torch.device, imgsz: int = 6
 
 
 _METHODS = {"preprocess": preprocess, "inference": inference}
-# What each method patched on DetectionPredictor must take, in stock's order, for the patched one to stand in for it.
-_STOCK_PARAMETERS = {"preprocess": (["self", "im"],), "inference": (["self", "im", "args", "kwargs"],)}
+# What stock's method must take, in its order, for the patched one to stand in for it.
+_STOCK_PARAMETERS = {"preprocess": ["self", "im"], "inference": ["self", "im", "args", "kwargs"]}
 
 
 def _plan() -> list[Replacement]:
-    """The two methods on ``DetectionPredictor`` (after checking stock's signatures and what the GPU paths read),
-    and ``attempt_compile`` where ``ultralytics.engine.predictor`` calls one."""
-    for name, accepted in _STOCK_PARAMETERS.items():
+    """The two methods on ``DetectionPredictor`` (after checking stock's signatures and that ``pre_transform``, which
+    the GPU letterbox probes, is there), and ``attempt_compile`` where ``ultralytics.engine.predictor`` calls one."""
+    for name, expected in _STOCK_PARAMETERS.items():
         stock = getattr(DetectionPredictor, name, None)
         require(callable(stock), f"DetectionPredictor has no {name}")
-        require(parameters(stock) in [list(p) for p in accepted],
-                f"DetectionPredictor.{name}{tuple(parameters(stock))} is not {' or '.join(map(str, accepted))}")
+        require(parameters(stock) == expected, f"DetectionPredictor.{name} is not ({', '.join(expected)})")
     require(callable(getattr(BasePredictor, "pre_transform", None)), "BasePredictor has no pre_transform")
-    require(hasattr(AutoBackend, "forward"), "AutoBackend has no forward")
     replacements = [Replacement(DetectionPredictor, name, method) for name, method in _METHODS.items()]
     stock_compile = getattr(engine_predictor, "attempt_compile", None)
     if stock_compile is not None:  # compile= (8.3.200 on)
