@@ -1,5 +1,12 @@
 """Patch ``Detect._inference`` so the head decodes in the fused ``detect_decode`` operator.
 
+Two layouts of the stock method exist, and the plan recognises which one the installed Ultralytics has:
+
+- 8.4: ``_inference(x)`` takes the dict ``{"boxes", "scores", "feats"}`` of ``forward_head`` and decodes through
+  ``_get_decode_boxes``.
+- 8.3: ``_inference(x)`` takes the list of per-level maps ``(B, 4 * reg_max + nc, H, W)``, concatenates them and does
+  the anchors, the DFL and ``decode_bboxes`` itself.
+
 ``Segment``, ``Pose``, ``v10Detect``, ``WorldDetect`` and ``YOLOEDetect`` reach the patched method through
 ``super()._inference`` or inheritance. The fast path keeps the stock contract: it returns the same
 ``(B, 4 + nc, A)`` tensor and still maintains ``self.anchors``, ``self.strides`` and ``self.shape`` (Pose's
@@ -11,15 +18,21 @@ inputs it does not recognise.
 from __future__ import annotations
 
 import torch
-from ultralytics.nn.modules.head import Detect, YOLOEDetect
+from ultralytics.nn.modules import head as ultralytics_head
+from ultralytics.nn.modules.head import Detect
 from ultralytics.utils.tal import make_anchors
 
 from yolo_fastdetect import _ext
+from yolo_fastdetect.ops.detect_decode import detect_decode_reference
 
-_ORIGINALS: dict[str, object] = {}
+from ._patching import Patch, Replacement, parameters, require
 
-# _get_decode_boxes implementations whose result is exactly the stock anchor/DFL decode.
-_STOCK_DECODERS = (Detect._get_decode_boxes, YOLOEDetect._get_decode_boxes)
+# The 8.4 layout's _get_decode_boxes implementations whose result is exactly the stock anchor/DFL decode.
+_STOCK_DECODERS = tuple(
+    vars(cls)["_get_decode_boxes"]
+    for cls in (Detect, getattr(ultralytics_head, "YOLOEDetect", Detect))
+    if "_get_decode_boxes" in vars(cls)
+)
 _FAST_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -29,7 +42,8 @@ def _fast_path_applies(head: Detect, x: dict) -> bool:
     if head.export or boxes is None or scores is None or not feats or "angle" in x or x.get("index") is not None:
         return False
     cls = type(head)
-    if cls.decode_bboxes is not Detect.decode_bboxes or cls._get_decode_boxes not in _STOCK_DECODERS:
+    decoder = getattr(cls, "_get_decode_boxes", None)  # the 8.4 layout's; the 8.3 layout decodes in _inference
+    if cls.decode_bboxes is not Detect.decode_bboxes or (decoder is not None and decoder not in _STOCK_DECODERS):
         return False
     if head.reg_max not in (1, 16) or boxes.dtype not in _FAST_DTYPES or scores.dtype != boxes.dtype:
         return False
@@ -77,32 +91,91 @@ def _level_layout(head: Detect, feats: list[torch.Tensor]) -> tuple[list[int], l
 
 
 def fast_inference(self: Detect, x: dict[str, torch.Tensor]) -> torch.Tensor:
-    """``Detect._inference`` through the fused operator; the original method where that does not apply."""
+    """``Detect._inference`` (8.4 layout) through the fused operator; the original method where that does not
+    apply."""
     if not _fast_path_applies(self, x):
-        return _ORIGINALS["_inference"](self, x)
-    level_shapes, level_strides = _level_layout(self, x["feats"])
-    xywh = not self.end2end and not self.xyxy  # as Detect.decode_bboxes
+        return PATCH.original("_inference")(self, x)
+    return _decode(self, x)
+
+
+def fast_inference_levels(self: Detect, x: list[torch.Tensor]) -> torch.Tensor:
+    """``Detect._inference`` (8.3 layout: the per-level maps) through the fused operator; the original method where
+    that does not apply."""
+    preds = _as_head_dict(self, x)
+    if preds is None or not _fast_path_applies(self, preds):
+        return PATCH.original("_inference")(self, x)
+    return _decode(self, preds)
+
+
+def _as_head_dict(head: Detect, x) -> dict | None:
+    """The 8.3 layout's per-level maps as the 8.4 layout's dict (stock's own concatenation, then its box and class
+    rows), or None where they are not ``nl`` maps of ``no`` channels."""
+    if not isinstance(x, (list, tuple)) or not x or not all(isinstance(f, torch.Tensor) and f.dim() == 4 for f in x):
+        return None
+    if any(f.shape[1] != head.no for f in x):
+        return None
+    x_cat = torch.cat([f.view(f.shape[0], head.no, -1) for f in x], 2)
+    boxes, scores = x_cat.split((head.reg_max * 4, head.nc), 1)
+    return {"boxes": boxes, "scores": scores, "feats": list(x)}
+
+
+def _decode(head: Detect, x: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The fused decode of the head dict, keeping the head's anchor state."""
+    level_shapes, level_strides = _level_layout(head, x["feats"])
+    xywh = not head.end2end and not getattr(head, "xyxy", False)  # as Detect.decode_bboxes (8.3.0 has no xyxy)
     return torch.ops.yolo_fastdetect.detect_decode(
-        x["boxes"], x["scores"], level_shapes, level_strides, self.reg_max, xywh
+        x["boxes"], x["scores"], level_shapes, level_strides, head.reg_max, xywh
     )
 
 
 fast_inference.__yolo_fastdetect__ = True
+fast_inference_levels.__yolo_fastdetect__ = True
 
 
-def apply() -> None:
-    """Install the fused decode on ``Detect`` (idempotent)."""
-    if not is_applied():
-        _ORIGINALS["_inference"] = Detect.__dict__["_inference"]
-        Detect._inference = fast_inference
+def _probe_matches_reference(probe_input) -> None:
+    """Run stock ``Detect._inference`` on a tiny seeded head and check that it is the decode the operator computes
+    (its pure-PyTorch reference): the layout and the math the patch replaces, not only the names."""
+    torch_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(0)
+        head = Detect(nc=2, ch=(8, 8)).eval()
+        head.stride = torch.tensor([8.0, 16.0])
+        maps = [torch.randn(1, head.no, 4, 6), torch.randn(1, head.no, 2, 3)]
+    finally:
+        torch.random.set_rng_state(torch_state)
+    require(not head.end2end and head.reg_max == 16, "a default Detect is not a one-to-many DFL head")
+    preds = _as_head_dict(head, maps)
+    with torch.inference_mode():
+        stock = Detect.__dict__["_inference"](head, probe_input(head, preds))
+    expected = detect_decode_reference(preds["boxes"], preds["scores"], [[4, 6], [2, 3]], [8.0, 16.0], head.reg_max)
+    require(isinstance(stock, torch.Tensor) and stock.shape == expected.shape,
+            f"stock Detect._inference returns {type(stock).__name__} {tuple(getattr(stock, 'shape', ()))}, "
+            f"not the decoded (B, 4 + nc, A) {tuple(expected.shape)}")
+    require(torch.allclose(stock, expected, rtol=1e-4, atol=1e-3),
+            "stock Detect._inference decodes differently from the fused operator on a probe")
+    require(isinstance(head.anchors, torch.Tensor) and head.anchors.shape == (2, expected.shape[2]),
+            "stock Detect._inference does not keep head.anchors (2, A)")
 
 
-def revert() -> None:
-    """Restore the original ``Detect._inference`` (idempotent)."""
-    if is_applied():
-        Detect._inference = _ORIGINALS.pop("_inference")
+def _plan() -> list[Replacement]:
+    """The replacement of ``Detect._inference`` for the layout the installed Ultralytics has (see the module
+    docstring), after a probe of the stock method."""
+    require("_inference" in vars(Detect), "Detect has no _inference of its own")
+    require(parameters(Detect._inference) == ["self", "x"], "Detect._inference is not (self, x)")
+    require({"bboxes", "anchors"} <= set(parameters(Detect.decode_bboxes)),
+            "Detect.decode_bboxes does not take (bboxes, anchors)")
+    if "_get_decode_boxes" in vars(Detect):  # 8.4: _inference(dict) -> _get_decode_boxes(dict)
+        require(parameters(Detect._get_decode_boxes) == ["self", "x"], "Detect._get_decode_boxes is not (self, x)")
+        _probe_matches_reference(lambda head, preds: preds)
+        return [Replacement(Detect, "_inference", fast_inference)]
+    _probe_matches_reference(lambda head, preds: preds["feats"])  # 8.3: the maps
+    return [Replacement(Detect, "_inference", fast_inference_levels)]
 
 
-def is_applied() -> bool:
-    """Whether ``Detect._inference`` is the patched method."""
-    return Detect.__dict__["_inference"] is fast_inference
+PATCH = Patch(
+    "detect_head",
+    "Detect._inference(self, x) taking forward_head's dict (8.4) or the per-level maps (8.3), decoding with "
+    "make_anchors, DFL and Detect.decode_bboxes(bboxes, anchors) as the fused operator does",
+    _plan,
+)
+apply, revert, is_applied = PATCH.apply, PATCH.revert, PATCH.is_applied

@@ -13,26 +13,31 @@ CUDA prediction that NMS covers, one original image size in the batch, at most :
 and ``YOLO_FASTDETECT_GRAPHS`` not 0. Anything else, and a batch with a non-finite box (which the NMS hands to the
 stock function), runs the stock method. Graphs are kept as the forward pass's are
 (:class:`yolo_fastdetect.graphs.GraphCache`: a key's second call captures it, at most ``YOLO_FASTDETECT_GRAPH_CACHE``
-graphs); the detections are copied out of the graph's memory before they reach the ``Results``.
+graphs); the detections are copied out of the graph's memory before they reach the ``Results``. It needs the nms and
+results patches (their drop-in and stock's ``construct_result`` structure) and stays off where either is.
 """
 
 from __future__ import annotations
+
+import inspect
 
 import torch
 from torch import nn
 from ultralytics.engine.results import Results
 from ultralytics.models.yolo.detect import DetectionPredictor
-from ultralytics.utils import nms as ultralytics_nms
 
 from yolo_fastdetect.graphs import GraphCache
 from yolo_fastdetect.ops.nms import (
     batched_nms,
     counts_and_nonfinite_flag,
     image_rows,
-    non_max_suppression,
     operator_arguments,
+    stock_non_max_suppression,
 )
 
+from . import nms as nms_patch
+from . import results as results_patch
+from ._patching import Patch, Replacement, parameters, require
 from .predictor import replay_on
 from .results import builds_stock_results, detection_results, scale_by_size
 
@@ -42,7 +47,6 @@ MAX_GRAPHED_BATCH = 8
 # What stock's DetectionPredictor.postprocess leaves at non_max_suppression's defaults.
 _MULTI_LABEL, _MAX_NMS, _MAX_WH = False, 30000, 7680
 
-_ORIGINALS: dict[str, object] = {}
 _cache = GraphCache()
 _UNOWNED = nn.Module()  # a graph reads only its own copy of the prediction: no model owns it
 
@@ -50,7 +54,7 @@ _UNOWNED = nn.Module()  # a graph reads only its own copy of the prediction: no 
 def graphed_prediction(predictor: DetectionPredictor, preds, orig_imgs, kwargs: dict) -> torch.Tensor | None:
     """The prediction tensor whose NMS and box scaling :func:`postprocess` replays from a graph, or None where the
     stock method runs (see the module docstring)."""
-    if kwargs or not replay_on() or ultralytics_nms.non_max_suppression is not non_max_suppression:
+    if kwargs or not replay_on() or not nms_patch.is_applied():
         return None
     args = predictor.args
     if args.task != "detect" or getattr(predictor, "_feats", None) is not None:
@@ -84,34 +88,39 @@ def postprocess(self: DetectionPredictor, preds, img, orig_imgs, **kwargs) -> li
         prediction, args.conf, args.iou, args.classes, args.agnostic_nms, _MULTI_LABEL, args.max_det, 0, _MAX_NMS,
         _MAX_WH)
     if arguments is None:
-        return _ORIGINALS["postprocess"](self, preds, img, orig_imgs, **kwargs)
+        return PATCH.original("postprocess")(self, preds, img, orig_imgs, **kwargs)
     input_shape, orig_shape = tuple(img.shape[2:]), tuple(orig_imgs[0].shape[:2])
     detections, counts = _cache(lambda x: _nms_and_scale(x, arguments, input_shape, orig_shape), prediction,
                                 owner=_UNOWNED, variant=(arguments, input_shape, orig_shape))
     *counts, nonfinite = counts.tolist()  # the one copy to the host
     if nonfinite:
-        return _ORIGINALS["postprocess"](self, preds, img, orig_imgs, **kwargs)
+        return PATCH.original("postprocess")(self, preds, img, orig_imgs, **kwargs)
     # The next replay of this graph rewrites its outputs; the Results keep a copy.
     return detection_results(self, image_rows(detections.clone(), counts), orig_imgs)
 
 
-def apply() -> None:
-    """Install the graphed ``postprocess`` on ``DetectionPredictor`` (idempotent)."""
-    if not is_applied():
-        _ORIGINALS["postprocess"] = DetectionPredictor.__dict__["postprocess"]
-        DetectionPredictor.postprocess = postprocess
+def _plan() -> list[Replacement]:
+    """``postprocess`` on ``DetectionPredictor``, where the nms and results patches apply and stock's NMS defaults
+    are those the graph uses."""
+    require(nms_patch.PATCH.available() and results_patch.PATCH.available(),
+            "needs the nms and results patches, and one of them declines")
+    stock = vars(DetectionPredictor).get("postprocess")
+    require(stock is not None and parameters(stock)[:4] == ["self", "preds", "img", "orig_imgs"],
+            "DetectionPredictor.postprocess is not (self, preds, img, orig_imgs, ...)")
+    defaults = {name: p.default for name, p in inspect.signature(stock_non_max_suppression).parameters.items()}
+    require((defaults.get("multi_label"), defaults.get("max_nms"), defaults.get("max_wh")) == (_MULTI_LABEL, _MAX_NMS,
+            _MAX_WH), "stock non_max_suppression's multi_label/max_nms/max_wh defaults differ from the graph's")
+    return [Replacement(DetectionPredictor, "postprocess", postprocess)]
 
 
-def revert() -> None:
-    """Restore stock's ``postprocess`` and drop the graphs (idempotent)."""
-    if is_applied():
-        DetectionPredictor.postprocess = _ORIGINALS.pop("postprocess")
-        _cache.clear()
-
-
-def is_applied() -> bool:
-    """Whether ``DetectionPredictor.postprocess`` is the graphed one."""
-    return DetectionPredictor.__dict__.get("postprocess") is postprocess
+PATCH = Patch(
+    "postprocess",
+    "DetectionPredictor.postprocess(preds, img, orig_imgs, **kwargs) with the nms and results patches on; stock NMS "
+    "defaults multi_label=False, max_nms=30000, max_wh=7680",
+    _plan,
+    on_revert=lambda: _cache.clear(),
+)
+apply, revert, is_applied = PATCH.apply, PATCH.revert, PATCH.is_applied
 
 
 def graph_count() -> int:

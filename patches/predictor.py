@@ -1,10 +1,6 @@
-"""Patch ``DetectionPredictor.setup_source``, ``.preprocess`` and ``.inference``: parallel read-ahead decoding of
-file sources, letterbox on the GPU, forward pass from CUDA graphs.
+"""Patch ``DetectionPredictor.preprocess`` and ``.inference``: letterbox on the GPU, forward pass from CUDA graphs
+(the file sources' parallel decoding is :mod:`.sources`).
 
-- ``setup_source`` (every device): file sources (an image, video, folder, glob, ``.txt``/``.csv`` list, or a Python
-  list of paths) are read by :mod:`yolo_fastdetect.sources`, which decodes ahead on a pool of threads exactly as
-  stock decodes them; streams, URLs and in-memory inputs keep Ultralytics' loaders. ``YOLO_FASTDETECT_SOURCES=0``
-  keeps them for everything.
 - ``preprocess`` (CUDA): letterboxes in the ``letterbox`` operator on the GPU, uploading the original images
   (bit-identical input).
 - ``inference`` (CUDA): replays the forward pass from a CUDA graph per input shape (:mod:`yolo_fastdetect.graphs`):
@@ -14,9 +10,11 @@ file sources, letterbox on the GPU, forward pass from CUDA graphs.
   ``YOLO_FASTDETECT_GRAPHS=0`` turns the replay off, ``YOLO_FASTDETECT_GRAPH_CACHE`` bounds the number of graphs kept
   (default 8).
 
-``DetectionPredictor`` inherits these methods from ``BasePredictor``; ``apply()`` sets them on ``DetectionPredictor``
-(so Segment, Pose and OBB predictors get them too), and ``attempt_compile`` in ``ultralytics.engine.predictor``;
-``revert()`` restores both as they were. Everything else (CPU preprocessing and inference, other model formats,
+``DetectionPredictor`` inherits both methods from ``BasePredictor``; ``apply()`` sets them on ``DetectionPredictor``
+(so Segment, Pose and OBB predictors get them too), and ``attempt_compile`` in ``ultralytics.engine.predictor`` where
+that module has it (8.3.200 on); ``revert()`` restores both as they were. The GPU letterbox learns the stock
+letterbox's minimal padding (``auto``) from a probe of the predictor's own ``pre_transform``, so it follows each
+release's rule. Everything else (CPU preprocessing and inference, other model formats,
 ``augment``/``embed``/``visualize``, a custom ``pre_transform``, forward hooks such as the tracker's ReID hook, extra
 arguments) runs the stock method.
 
@@ -30,6 +28,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -44,7 +43,8 @@ from ultralytics.nn.tasks import DetectionModel, OBBModel, PoseModel, Segmentati
 from yolo_fastdetect import _ext
 from yolo_fastdetect.graphs import default_cache
 from yolo_fastdetect.ops.letterbox import letterbox
-from yolo_fastdetect.sources import file_loader
+
+from ._patching import Patch, Replacement, parameters, require
 
 GRAPHS_VARIABLE = "YOLO_FASTDETECT_GRAPHS"
 
@@ -59,23 +59,39 @@ _GRAPHED_NETWORKS = (DetectionModel, SegmentationModel, PoseModel, OBBModel)
 _WITHOUT_OWN_GRAPHS = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 _COMPILED_FOR_OUR_GRAPHS: weakref.WeakSet = weakref.WeakSet()  # what attempt_compile compiled without its graphs
 
-_MISSING = object()  # DetectionPredictor.__dict__ had no such entry
-_ORIGINALS: dict[str, object] = {}
+def _stock(predictor: DetectionPredictor, name: str) -> Callable:
+    """The method ``name`` as it was before the patch (inherited or not), bound to ``predictor``."""
+    return PATCH.original(name).__get__(predictor)
 
 
-def _stock(predictor: DetectionPredictor, name: str):
-    """The method ``name`` as it was before the patch, bound to ``predictor``."""
-    original = _ORIGINALS.get(name, _MISSING)
-    if original is _MISSING:  # inherited: BasePredictor's (or whatever follows DetectionPredictor in the MRO)
-        return getattr(super(DetectionPredictor, predictor), name)
-    return original.__get__(predictor)
+def scale_fill(predictor: DetectionPredictor) -> bool:
+    """Whether the predictor stretches images instead of letterboxing them (an attribute in 8.4.190, not 8.4.100)."""
+    return bool(getattr(predictor, "scale_fill", False))
+
+
+# Probe images for the stock letterbox's padding rule: the letterbox fills one side of each exactly, and `auto` pads
+# the other only to the stride. No imgsz has both aspects, so one of them tells `auto` apart.
+_PROBES = (np.zeros((1, 7, 3), np.uint8), np.zeros((7, 1, 3), np.uint8))
+
+
+def _stock_pads_minimally(predictor: DetectionPredictor) -> bool:
+    """Whether the predictor's stock ``pre_transform`` letterboxes a batch of equal-shaped images with minimal padding
+    (LetterBox's ``auto``), as the release computes it from the model, ``rect`` and ``scale_fill``; learnt by probing
+    it with tiny images, once per model and arguments."""
+    key = (id(predictor.model), bool(getattr(predictor.args, "rect", False)), tuple(predictor.imgsz),
+           scale_fill(predictor))
+    known = predictor.__dict__.setdefault("_yolo_fastdetect_pads_minimally", {})
+    if key not in known:
+        shapes = [predictor.pre_transform([probe])[0].shape[:2] for probe in _PROBES]
+        known[key] = any(shape != tuple(predictor.imgsz) for shape in shapes)
+    return known[key]
 
 
 def letterbox_options(predictor: DetectionPredictor, im) -> dict | None:
     """Arguments of :func:`yolo_fastdetect.letterbox` that reproduce the predictor's stock ``pre_transform`` +
     ``preprocess`` of ``im``, or None where they cannot (not a list of BGR uint8 images, a custom ``pre_transform``,
     ``scale_fill``, a model that is not 3-channel). Device-independent: the caller decides where it runs."""
-    if not isinstance(im, list) or not im or predictor.scale_fill:
+    if not isinstance(im, list) or not im or scale_fill(predictor):
         return None
     if getattr(predictor.pre_transform, "__func__", None) is not BasePredictor.pre_transform:
         return None
@@ -84,14 +100,8 @@ def letterbox_options(predictor: DetectionPredictor, im) -> dict | None:
     if not all(isinstance(x, np.ndarray) and x.dtype == np.uint8 and x.ndim == 3 and x.shape[2] == 3 for x in im):
         return None
     model = predictor.model
-    same_shapes = len({x.shape for x in im}) == 1
-    # LetterBox's auto exactly as BasePredictor.pre_transform (8.4) computes it.
-    auto = (
-        same_shapes
-        and predictor.args.rect
-        and not predictor.scale_fill
-        and (model.format == "pt" or (getattr(model, "dynamic", False) and model.format != "imx"))
-    )
+    # Every release's pre_transform pads minimally only for a batch of one image shape.
+    auto = len({x.shape for x in im}) == 1 and _stock_pads_minimally(predictor)
     return {
         "new_shape": tuple(predictor.imgsz),
         "auto": bool(auto),
@@ -100,21 +110,10 @@ def letterbox_options(predictor: DetectionPredictor, im) -> dict | None:
     }
 
 
-def _gpu_letterbox(predictor: DetectionPredictor) -> bool:
+def gpu_letterbox(predictor: DetectionPredictor) -> bool:
     """Whether ``preprocess`` may letterbox on the GPU (the images decide the rest, see :func:`letterbox_options`)."""
     device = predictor.device
     return device is not None and device.type == "cuda" and _ext.cuda_fast_path()
-
-
-def setup_source(self: DetectionPredictor, source, stride: int | None = None) -> None:
-    """``BasePredictor.setup_source`` with the parallel loader of :mod:`yolo_fastdetect.sources` for file sources
-    (stock takes a ready loader as it is), which uploads the images ahead where ``preprocess`` letterboxes on the
-    GPU; stock's loader for every other source."""
-    channels = getattr(self.model, "channels", 3)
-    gpu_input = _gpu_letterbox(self) and channels == 3 and not self.scale_fill
-    loader = file_loader(source, batch=self.args.batch, vid_stride=self.args.vid_stride, channels=channels,
-                         device=self.device if gpu_input else None)
-    _stock(self, "setup_source")(source if loader is None else loader, stride)
 
 
 def preprocess(self: DetectionPredictor, im) -> torch.Tensor:
@@ -133,7 +132,7 @@ def preprocess(self: DetectionPredictor, im) -> torch.Tensor:
 def _letterboxed(self: DetectionPredictor, im) -> torch.Tensor:
     """The model input of ``im``: the letterbox operator on a CUDA device (from the copies the loader uploaded ahead,
     where it did), else the stock method."""
-    if _gpu_letterbox(self):
+    if gpu_letterbox(self):
         options = letterbox_options(self, im)
         if options is not None:
             uploads = getattr(self.dataset, "uploads", None)
@@ -168,10 +167,17 @@ def replay_on() -> bool:
     return os.environ.get(GRAPHS_VARIABLE, "1") != "0"
 
 
+def _pytorch_backend(backend: AutoBackend) -> bool:
+    """Whether the backend runs a PyTorch model: ``format == "pt"`` (8.4.100 on), the ``pt`` flag before."""
+    if hasattr(backend, "format"):
+        return backend.format == "pt"
+    return bool(getattr(backend, "pt", False))
+
+
 def _graphable(backend: AutoBackend) -> bool:
     """Whether the backend's own forward pass is one that CUDA graphs may replay (the input decides the rest)."""
     return (
-        backend.format == "pt"
+        _pytorch_backend(backend)
         and not (backend._forward_hooks or backend._forward_pre_hooks)
         and type(backend.model) in _GRAPHED_NETWORKS
     )
@@ -222,41 +228,40 @@ def attempt_compile(model: torch.nn.Module, device: torch.device, imgsz: int = 6
         and _graphable(model)
     )
     ours = _WITHOUT_OWN_GRAPHS.get(mode) if replayed_by_ours and isinstance(mode, str) else None
-    compiled = _ORIGINALS["attempt_compile"](model, device=device, imgsz=imgsz, use_autocast=use_autocast,
+    compiled = PATCH.original("attempt_compile")(model, device=device, imgsz=imgsz, use_autocast=use_autocast,
                                              warmup=warmup, mode=ours or mode)
     if ours is not None and compiled is not model:  # it falls back to the model where compile is unavailable
         _COMPILED_FOR_OUR_GRAPHS.add(compiled)
     return compiled
 
 
-_METHODS = {"setup_source": setup_source, "preprocess": preprocess, "inference": inference}
+_METHODS = {"preprocess": preprocess, "inference": inference}
+# What stock's method must take, in its order, for the patched one to stand in for it.
+_STOCK_PARAMETERS = {"preprocess": ["self", "im"], "inference": ["self", "im", "args", "kwargs"]}
 
 
-def apply() -> None:
-    """Install the patched methods on ``DetectionPredictor``, and :func:`attempt_compile` (idempotent)."""
-    if not is_applied():
-        for name, method in _METHODS.items():
-            _ORIGINALS[name] = DetectionPredictor.__dict__.get(name, _MISSING)
-            setattr(DetectionPredictor, name, method)
-        _ORIGINALS["attempt_compile"] = engine_predictor.attempt_compile
-        engine_predictor.attempt_compile = attempt_compile
+def _plan() -> list[Replacement]:
+    """The two methods on ``DetectionPredictor`` (after checking stock's signatures and that ``pre_transform``, which
+    the GPU letterbox probes, is there), and ``attempt_compile`` where ``ultralytics.engine.predictor`` calls one."""
+    for name, expected in _STOCK_PARAMETERS.items():
+        stock = getattr(DetectionPredictor, name, None)
+        require(callable(stock), f"DetectionPredictor has no {name}")
+        require(parameters(stock) == expected, f"DetectionPredictor.{name} is not ({', '.join(expected)})")
+    require(callable(getattr(BasePredictor, "pre_transform", None)), "BasePredictor has no pre_transform")
+    replacements = [Replacement(DetectionPredictor, name, method) for name, method in _METHODS.items()]
+    stock_compile = getattr(engine_predictor, "attempt_compile", None)
+    if stock_compile is not None:  # compile= (8.3.200 on)
+        require({"model", "device", "imgsz", "use_autocast", "warmup", "mode"} <= set(parameters(stock_compile)),
+                "attempt_compile does not take (model, device, imgsz, use_autocast, warmup, mode)")
+        replacements.append(Replacement(engine_predictor, "attempt_compile", attempt_compile))
+    return replacements
 
 
-def revert() -> None:
-    """Restore ``DetectionPredictor``'s ``__dict__`` (in 8.4 it inherits all three methods) and Ultralytics'
-    ``attempt_compile``, and drop the graphs (idempotent)."""
-    if is_applied():
-        for name in _METHODS:
-            original = _ORIGINALS.pop(name)
-            if original is _MISSING:
-                delattr(DetectionPredictor, name)
-            else:
-                setattr(DetectionPredictor, name, original)
-        engine_predictor.attempt_compile = _ORIGINALS.pop("attempt_compile")
-        default_cache().clear()
-
-
-def is_applied() -> bool:
-    """Whether the three methods and ``attempt_compile`` are the patched ones."""
-    return (all(DetectionPredictor.__dict__.get(name) is method for name, method in _METHODS.items())
-            and engine_predictor.attempt_compile is attempt_compile)
+PATCH = Patch(
+    "predictor",
+    "DetectionPredictor.preprocess(im), inference(im, *args, **kwargs) and pre_transform; "
+    "ultralytics.engine.predictor.attempt_compile where compile= exists",
+    _plan,
+    on_revert=lambda: default_cache().clear(),
+)
+apply, revert, is_applied = PATCH.apply, PATCH.revert, PATCH.is_applied

@@ -10,20 +10,21 @@ elements: bit-identical to stock by construction, on every device.
 
 It applies to plain detection: the predictions are those rows (the batched NMS ran, no extra ``construct_results``
 arguments) and the predictor builds each result with ``DetectionPredictor.construct_result`` (Segment, Pose and OBB
-predictors, and subclasses that build their own, run stock).
+predictors, and subclasses that build their own, run stock). Releases without ``construct_results`` (8.3.0, which
+builds the results inside ``postprocess``) leave the patch off.
 """
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import numpy as np
 import torch
 from ultralytics.engine.results import Results
 from ultralytics.models.yolo.detect import DetectionPredictor
 from ultralytics.utils import ops
 
-_ORIGINALS: dict[str, object] = {}
-# DetectionPredictor's own methods as this module found them (imported before any patch is applied).
-_STOCK_CONSTRUCT_RESULTS = DetectionPredictor.__dict__["construct_results"]
-_STOCK_CONSTRUCT_RESULT = DetectionPredictor.__dict__["construct_result"]
+from ._patching import Patch, Replacement, parameters, require
 
 
 def padded_batch(preds: list) -> torch.Tensor | None:
@@ -67,10 +68,10 @@ def construct_results(self: DetectionPredictor, preds, img, orig_imgs, *args, **
     """``DetectionPredictor.construct_results`` with the boxes scaled by :func:`scale_by_size` where
     :func:`padded_batch` finds the batched NMS's rows and ``construct_result`` is DetectionPredictor's; the stock
     method otherwise."""
-    own_results = type(self).construct_result is not _STOCK_CONSTRUCT_RESULT
+    own_results = type(self).construct_result is not DetectionPredictor.construct_result
     batch = None if args or kwargs or own_results else padded_batch(preds)
     if batch is None or len(orig_imgs) != len(preds):
-        return _ORIGINALS["construct_results"](self, preds, img, orig_imgs, *args, **kwargs)
+        return PATCH.original("construct_results")(self, preds, img, orig_imgs, *args, **kwargs)
     scale_by_size(batch, tuple(img.shape[2:]), [orig_img.shape for orig_img in orig_imgs])
     return detection_results(self, preds, orig_imgs)
 
@@ -87,23 +88,44 @@ def builds_stock_results(predictor: DetectionPredictor) -> bool:
     """Whether the predictor builds its results as ``DetectionPredictor`` does (not Segment, Pose and OBB
     predictors, nor subclasses with a ``construct_result(s)`` of their own)."""
     cls = type(predictor)
-    return (cls.construct_result is _STOCK_CONSTRUCT_RESULT
-            and cls.construct_results in (construct_results, _STOCK_CONSTRUCT_RESULTS))
+    return (PATCH.is_applied() and cls.construct_result is DetectionPredictor.construct_result
+            and cls.construct_results in (construct_results, PATCH.original("construct_results")))
 
 
-def apply() -> None:
-    """Install the batched ``construct_results`` on ``DetectionPredictor`` (idempotent)."""
-    if not is_applied():
-        _ORIGINALS["construct_results"] = DetectionPredictor.__dict__["construct_results"]
-        DetectionPredictor.construct_results = construct_results
+def _probe_matches_stock(stock) -> None:
+    """Stock ``construct_results`` and :func:`scale_by_size` + :func:`detection_results` on the same seeded boxes
+    (one letterboxed 32x48 input, two original sizes) must give the same boxes."""
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.rand(2, 3, 6, generator=generator) * torch.tensor([48.0, 32.0, 48.0, 32.0, 1.0, 1.0])
+    images = [np.zeros((64, 96, 3), np.uint8), np.zeros((50, 40, 3), np.uint8)]
+    predictor = SimpleNamespace(model=SimpleNamespace(names={0: "a"}), batch=[["a.jpg", "b.jpg"]])
+    predictor.construct_result = DetectionPredictor.construct_result.__get__(predictor)
+    img = torch.zeros(2, 3, 32, 48)
+    expected = stock(predictor, list(rows.clone()), img, images)
+    ours = rows.clone()
+    scale_by_size(ours, (32, 48), [image.shape for image in images])
+    got = detection_results(predictor, list(ours), images)
+    require(all(torch.equal(a.boxes.data, b.boxes.data) for a, b in zip(expected, got)) and len(expected) == 2,
+            "stock construct_results builds other boxes than scale_boxes once per size")
 
 
-def revert() -> None:
-    """Restore stock's ``construct_results`` (idempotent)."""
-    if is_applied():
-        DetectionPredictor.construct_results = _ORIGINALS.pop("construct_results")
+def _plan() -> list[Replacement]:
+    """``construct_results`` on ``DetectionPredictor``, after checking both methods' signatures and a probe."""
+    stock = vars(DetectionPredictor).get("construct_results")
+    require(stock is not None and "construct_result" in vars(DetectionPredictor),
+            "DetectionPredictor has no construct_results/construct_result (it builds Results in postprocess)")
+    require(parameters(stock) == ["self", "preds", "img", "orig_imgs"],
+            "DetectionPredictor.construct_results is not (self, preds, img, orig_imgs)")
+    require(parameters(DetectionPredictor.construct_result) == ["self", "pred", "img", "orig_img", "img_path"],
+            "DetectionPredictor.construct_result is not (self, pred, img, orig_img, img_path)")
+    _probe_matches_stock(stock)
+    return [Replacement(DetectionPredictor, "construct_results", construct_results)]
 
 
-def is_applied() -> bool:
-    """Whether ``DetectionPredictor.construct_results`` is the batched one."""
-    return DetectionPredictor.__dict__.get("construct_results") is construct_results
+PATCH = Patch(
+    "results",
+    "DetectionPredictor.construct_results(preds, img, orig_imgs) calling construct_result(pred, img, orig_img, "
+    "img_path), which scales with ops.scale_boxes and builds Results(orig_img, path, names, boxes)",
+    _plan,
+)
+apply, revert, is_applied = PATCH.apply, PATCH.revert, PATCH.is_applied

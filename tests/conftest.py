@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -70,26 +69,14 @@ def detecting_model(device: str = "cpu", config: str = "yolo11n.yaml", logit_sca
 
 
 def asset_images() -> list[str]:
-    """The images the Ultralytics wheel ships."""
-    from ultralytics.utils import ASSETS
+    """The images the Ultralytics wheel ships (:func:`yolo_fastdetect.bench._tiny_dataset.asset_images`)."""
+    from yolo_fastdetect.bench._tiny_dataset import asset_images as wheel_images
 
-    return [str(ASSETS / "bus.jpg"), str(ASSETS / "zidane.jpg")]
+    return wheel_images()
 
 
 def write_tiny_dataset(root: Path, num_classes: int) -> Path:
-    """Four images (bus and zidane, twice each) with YOLO labels, and the data yaml naming them."""
-    labels = {
-        "bus": ["0 0.23 0.61 0.19 0.54", "0 0.34 0.61 0.14 0.50", "5 0.50 0.44 0.96 0.60", "0 0.85 0.61 0.20 0.53"],
-        "zidane": ["0 0.68 0.56 0.40 0.88", "0 0.26 0.66 0.34 0.68", "27 0.54 0.82 0.05 0.32"],
-    }
-    (root / "images").mkdir(parents=True)
-    (root / "labels").mkdir()
-    for copy in range(2):
-        for asset in asset_images():
-            name = f"{Path(asset).stem}_{copy}"
-            shutil.copy(asset, root / "images" / f"{name}.jpg")
-            (root / "labels" / f"{name}.txt").write_text("\n".join(labels[Path(asset).stem]) + "\n")
-    names = "\n".join(f"  {i}: class{i}" for i in range(num_classes))
-    data = root / "data.yaml"
-    data.write_text(f"path: {root}\ntrain: images\nval: images\nnames:\n{names}\n")
-    return data
+    """Four labelled images and their data yaml (:func:`yolo_fastdetect.bench._tiny_dataset.write_tiny_dataset`)."""
+    from yolo_fastdetect.bench._tiny_dataset import write_tiny_dataset as write
+
+    return write(root, num_classes)

@@ -139,7 +139,7 @@ def test_modes_with_graphs_of_their_own_compile_without_them_for_ours(mode, monk
         modes.append(mode)
         return torch.compile(model, mode=mode)
 
-    monkeypatch.setitem(predictor_patch._ORIGINALS, "attempt_compile", recording)
+    monkeypatch.setattr(predictor_patch.PATCH._originals["attempt_compile"], "resolved", recording)
 
     def predictor_of(device: torch.device) -> SimpleNamespace:
         return SimpleNamespace(model=engine_predictor.attempt_compile(backend, device=device, mode=mode),

@@ -204,7 +204,7 @@ def test_loaded_checkpoint(tmp_path):
 
 
 def test_enable_disable_round_trip():
-    original = detect_head._ORIGINALS["_inference"]
+    original = detect_head.PATCH.original("_inference")
     assert yolo_fastdetect.is_enabled() and Detect.__dict__["_inference"] is detect_head.fast_inference
     yolo_fastdetect.disable()
     yolo_fastdetect.disable()  # idempotent
@@ -217,7 +217,7 @@ def test_enable_disable_round_trip():
 
 
 def test_disabled_restores_the_state_before_it():
-    original = detect_head._ORIGINALS["_inference"]
+    original = detect_head.PATCH.original("_inference")
     assert yolo_fastdetect.is_enabled()
     with yolo_fastdetect.disabled():
         assert not yolo_fastdetect.is_enabled() and Detect.__dict__["_inference"] is original

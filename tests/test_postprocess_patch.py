@@ -30,7 +30,7 @@ def restore_patch():
 
 def test_apply_revert_and_enable_disable():
     assert postprocess_patch.is_applied()
-    stock = postprocess_patch._ORIGINALS["postprocess"]
+    stock = postprocess_patch.PATCH.original("postprocess")
     yolo_fastdetect.disable()
     assert not postprocess_patch.is_applied() and DetectionPredictor.postprocess is stock
     yolo_fastdetect.enable()
@@ -165,7 +165,7 @@ def test_nonfinite_box_hands_the_batch_to_stock():
         prediction = predictor.inference(img)[0].clone()
         prediction[0, 0, 17] = float("nan")
         ours = [predictor.postprocess(prediction, img, image)[0] for _ in range(3)]
-        stock = postprocess_patch._ORIGINALS["postprocess"](predictor, prediction, img, image)[0]
+        stock = postprocess_patch.PATCH.original("postprocess")(predictor, prediction, img, image)[0]
     assert postprocess_patch.graph_count() == 1  # captured, and still declined by its flag
     for mine in ours:
         assert torch.equal(mine.boxes.data, stock.boxes.data)

@@ -25,6 +25,7 @@ from yolo_fastdetect.bench.e2e import detection_difference
 from yolo_fastdetect.graphs import default_cache
 from yolo_fastdetect.patches import postprocess as postprocess_patch
 from yolo_fastdetect.patches import predictor as predictor_patch
+from yolo_fastdetect.patches import sources as sources_patch
 
 PREDICTOR_CLASSES = (BasePredictor, DetectionPredictor, SegmentationPredictor, PosePredictor, OBBPredictor)
 
@@ -58,7 +59,8 @@ def test_apply_and_revert_restore_the_class_dicts_exactly():
     yolo_fastdetect.enable()
     patched = class_dicts()
     for name in methods:
-        assert patched[DetectionPredictor][name] is getattr(predictor_patch, name)
+        module = sources_patch if name == "setup_source" else predictor_patch
+        assert patched[DetectionPredictor][name] is getattr(module, name)
     added = set(patched[DetectionPredictor]) - set(stock[DetectionPredictor])
     assert added == methods
     # The results and postprocess patches replace methods that DetectionPredictor defines (tested in
@@ -78,7 +80,7 @@ def test_apply_and_revert_restore_the_class_dicts_exactly():
 
 
 def test_enable_disable_round_trip():
-    assert predictor_patch in patches.PATCHES
+    assert predictor_patch.PATCH in patches.PATCHES
     assert yolo_fastdetect.is_enabled() and predictor_patch.is_applied()
     yolo_fastdetect.disable()
     yolo_fastdetect.disable()  # idempotent

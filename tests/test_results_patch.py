@@ -27,7 +27,7 @@ def restore_patch():
 
 def test_apply_revert_and_enable_disable():
     assert results_patch.is_applied()
-    stock = results_patch._ORIGINALS["construct_results"]
+    stock = results_patch.PATCH.original("construct_results")
     yolo_fastdetect.disable()
     assert not results_patch.is_applied() and DetectionPredictor.construct_results is stock
     yolo_fastdetect.enable()

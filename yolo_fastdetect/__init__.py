@@ -64,18 +64,15 @@ __all__ = [
 
 
 def enable() -> bool:
-    """Patch Ultralytics to use the fast kernels; returns False (and changes nothing) on an unsupported version."""
+    """Patch Ultralytics to use the fast kernels: every patch whose checks pass on the installed Ultralytics applies,
+    the others stay stock, with one warning naming them and why (see ``yolo-fastdetect info``).
+
+    Returns:
+        Whether any patch is applied (False on an Ultralytics where none applies, or with none installed).
+    """
     from . import patches
 
-    if not patches.ultralytics_supported():
-        import warnings
-
-        import ultralytics
-
-        warnings.warn(f"yolo_fastdetect: Ultralytics {ultralytics.__version__} is not supported; running stock")
-        return False
-    patches.apply_all()
-    return True
+    return patches.apply_all()
 
 
 def disable() -> None:

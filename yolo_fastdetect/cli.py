@@ -110,8 +110,9 @@ def patch_yolo_command() -> None:
 
 
 def patch_state() -> str:
-    """What runs, as logs and ``info`` print it: ``on (...)``, with the operators' state unless they load (an unbuilt
-    library is said to be so: nothing is compiled here), or ``off (why)``."""
+    """What runs, as logs and ``info`` print it: ``on (...)`` naming the patches that apply and why any other is off,
+    a note where the Ultralytics release is untested, the operators' state unless they load (an unbuilt library is
+    said to be so: nothing is compiled here), or ``off (why)``."""
     import yolo_fastdetect
 
     from . import _ext
@@ -119,7 +120,12 @@ def patch_state() -> str:
     if yolo_fastdetect.is_enabled():
         from yolo_fastdetect import patches
 
-        state = f"on ({', '.join(patch.__name__.rsplit('.', 1)[-1] for patch in patches.PATCHES)})"
+        states = patches.states()
+        on = [name for name, state in states.items() if state == "on"]
+        off = [f"{name} {state}" for name, state in states.items() if state != "on"]
+        state = f"on ({', '.join(on)})" + "".join(f"; {line}" for line in off)
+        untested = patches.untested_note(patches.ultralytics_version())
+        state += f"; {untested}" if untested else ""
         if not _ext.is_complete(_ext.library_path()):
             return f"{state}; operators not built yet (built on first use)"
         if not _ext.available():
@@ -128,7 +134,10 @@ def patch_state() -> str:
         return state
     if os.environ.get("YOLO_FASTDETECT") == "0":
         return "off (YOLO_FASTDETECT=0)"
-    return "off (unsupported Ultralytics version)"
+    from yolo_fastdetect import patches
+
+    reasons = "; ".join(f"{name} {state}" for name, state in patches.states().items())
+    return f"off (no patch applies to Ultralytics {patches.ultralytics_version() or '(none)'}: {reasons})"
 
 
 def gpu_state() -> str:

@@ -95,11 +95,11 @@ def detecting_model(
     seed: int = 0,
 ):
     """The model ``config``, seeded with ``seed``; one built from a YAML gets class biases that make random weights
-    detect: 1 for the classes in ``raised`` (person and bus by default; None: every class), -6 for the others (like a
-    trained model's background, which keeps stock NMS fast). Random weights give nearly the same class logit
-    everywhere, so most scores tie; ``logit_scale`` (e.g. 1e7) scales the class convolutions' weights so that scores
-    differ from box to box and stock and patched NMS keep the same boxes in the same order. The benchmarks' and the
-    tests' model.
+    detect (in the one-to-one branch too, where there is one): 1 for the classes in ``raised`` (person and bus by
+    default; None: every class), -6 for the others (like a trained model's background, which keeps stock NMS fast).
+    Random weights give nearly the same class logit everywhere, so most scores tie; ``logit_scale`` (e.g. 1e7) scales
+    the class convolutions' weights so that scores differ from box to box and stock and patched NMS keep the same
+    boxes in the same order. The benchmarks' and the tests' model.
 
     Examples:
         >>> model = detecting_model("yolo11n.yaml", "cpu", logit_scale=1e7)
@@ -109,7 +109,9 @@ def detecting_model(
     torch.manual_seed(seed)
     model = YOLO(config)
     if config.endswith((".yaml", ".yml")):
-        for branch in model.model.model[-1].cv3:
+        head = model.model.model[-1]
+        # A one-to-one (NMS-free) branch gets the same biases: YOLO26 predicts through it by default before 8.4.142.
+        for branch in [*head.cv3, *getattr(head, "one2one_cv3", [])]:
             bias = torch.full_like(branch[-1].bias, -6.0)
             bias[[c for c in raised if c < len(bias)] if raised is not None else slice(None)] = 1.0
             branch[-1].bias.data.copy_(bias)

@@ -48,7 +48,7 @@ def time_decode(batch: int, dtype_name: str, device: str, compile_stock: bool, b
     dtype = DTYPES[dtype_name]
     head = make_head(device, dtype)
     inputs = make_inputs(batch, device, dtype)
-    stock = detect_head._ORIGINALS.get("_inference", Detect._inference)
+    stock = detect_head.PATCH.original("_inference") if detect_head.is_applied() else Detect._inference
 
     def run_stock(x):
         return stock(head, x)

@@ -9,6 +9,8 @@ to the host.
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import operator
 import struct
 import sys
@@ -18,10 +20,22 @@ import torch
 
 from .._ext import available, cuda_fast_path, on_load, require
 
-try:  # captured at import, before any patch replaces the module attribute
-    from ultralytics.utils.nms import non_max_suppression as stock_non_max_suppression
-except ImportError:  # the operator works without Ultralytics; only the drop-in needs it
-    stock_non_max_suppression = None
+
+def _stock_function():
+    """Ultralytics' ``non_max_suppression`` where its predictors call it: ``ultralytics.utils.nms`` (8.3.200 on),
+    else ``ultralytics.utils.ops`` (to 8.3.100); None without Ultralytics. The operator works without it; only the
+    drop-in's fall-backs need it."""
+    for module in ("ultralytics.utils.nms", "ultralytics.utils.ops"):
+        try:
+            function = getattr(importlib.import_module(module), "non_max_suppression", None)
+        except Exception:  # noqa: BLE001 - absent or broken: the drop-in then has no stock to fall back on
+            continue
+        if function is not None:
+            return function
+    return None
+
+
+stock_non_max_suppression = _stock_function()  # captured at import, before any patch replaces the module attribute
 
 __all__ = ["batched_nms", "counts_and_nonfinite_flag", "image_rows", "non_max_suppression",
            "non_max_suppression_reference", "operator_arguments"]
@@ -136,6 +150,14 @@ def _stock_iou_threshold(iou_thres: float, device: torch.device) -> float:
     return struct.unpack("f", struct.pack("f", iou_thres))[0]
 
 
+def _stock(arguments: dict):
+    """The stock function on ``arguments``, by name, leaving out those at their default that this release's stock
+    function does not take (8.3.0 has no ``end2end`` or ``return_idxs``)."""
+    accepted = inspect.signature(stock_non_max_suppression).parameters
+    return stock_non_max_suppression(**{name: value for name, value in arguments.items()
+                                        if name in accepted or value != _DEFAULTS[name]})
+
+
 def non_max_suppression(
     prediction,
     conf_thres: float = 0.25,
@@ -174,20 +196,22 @@ def non_max_suppression(
         >>> len(output), output[0].shape[1]  # per image (n, 6): x1, y1, x2, y2, conf, cls
         (2, 6)
     """
-    stock_args = (prediction, conf_thres, iou_thres, classes, agnostic, multi_label, max_det, nc, max_time_img,
-                  max_nms, max_wh, rotated, end2end, return_idxs)
+    stock_args = {"prediction": prediction, "conf_thres": conf_thres, "iou_thres": iou_thres, "classes": classes,
+                  "agnostic": agnostic, "multi_label": multi_label, "max_det": max_det, "nc": nc,
+                  "max_time_img": max_time_img, "max_nms": max_nms, "max_wh": max_wh, "rotated": rotated,
+                  "end2end": end2end, "return_idxs": return_idxs}
     if isinstance(prediction, (list, tuple)):  # validation mode: (inference output, loss output)
         prediction = prediction[0]
     if rotated or end2end:
-        return stock_non_max_suppression(*stock_args)
+        return _stock(stock_args)
     arguments = operator_arguments(prediction, conf_thres, iou_thres, classes, agnostic, multi_label, max_det, nc,
                                    max_nms, max_wh)
     if arguments is None:
-        return stock_non_max_suppression(*stock_args)
+        return _stock(stock_args)
     detections, counts, anchor_indices = batched_nms(prediction, *arguments)
     *counts, nonfinite = counts_and_nonfinite_flag(counts, prediction).tolist()  # the one copy to the host
     if nonfinite:
-        return stock_non_max_suppression(*stock_args)
+        return _stock(stock_args)
     output = image_rows(detections, counts)
     if not return_idxs:
         return output
@@ -197,6 +221,9 @@ def non_max_suppression(
         for indices, count in zip(anchor_indices.unbind(0), counts)
     ]
     return output, keepi
+
+
+_DEFAULTS = {name: parameter.default for name, parameter in inspect.signature(non_max_suppression).parameters.items()}
 
 
 def operator_arguments(prediction, conf_thres: float, iou_thres: float, classes, agnostic: bool, multi_label: bool,
