@@ -152,7 +152,7 @@ def test_detect_decode(generator, device):
         assert out.dtype == dtype and torch.equal(out, detect_decode(boxes16, scores16, level_shapes, level_strides))
     # The 16-bit decode rounds as stock's, as the reference does in that dtype (test_decode_half_rounding).
     expected = detect_decode_reference(boxes16, scores16, level_shapes, level_strides)
-    assert_rounded_alike(out.cpu(), expected.cpu(), max(level_strides), 16)
+    assert_rounded_alike(out, expected, max(level_strides), 16)
 
 
 @pytest.mark.parametrize("device", devices())

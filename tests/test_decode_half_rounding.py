@@ -54,7 +54,7 @@ def assert_rounded_as_stock(ours: torch.Tensor, stock: torch.Tensor, head: Detec
     """``assert_rounded_alike``; on the CPU without stock's softmax tail (module docstring)."""
     num_anchors = ours.shape[2]
     compared = num_anchors - 4 * num_anchors % STOCK_CPU_SOFTMAX_VECTOR if ours.device.type == "cpu" else None
-    assert_rounded_alike(ours.cpu(), stock.cpu(), float(head.stride.max()), head.reg_max, compared)
+    assert_rounded_alike(ours, stock, float(head.stride.max()), head.reg_max, compared)
 
 
 def assert_same_detections(ours: torch.Tensor, stock: torch.Tensor, head: Detect, dtype: torch.dtype) -> None:

@@ -21,8 +21,10 @@ LAYOUTS = {
 # float32 against the float64 reference: its output rounding, ~1e-7 relative.
 TOLERANCE_FLOAT32 = (2e-6, 1e-4)
 # float16/bfloat16 round as stock's decode (test_decode_half_rounding): a box may differ from another such decode
-# where a float sum or exp one ulp apart lands across a rounding boundary of the dtype; at most this fraction do.
-RESIDUE = 1e-4
+# where a float sum or exp one ulp apart lands across a rounding boundary of the dtype; at most this fraction do,
+# by device. On CUDA, stock's bin sum is cuDNN's half convolution, whose order is its own: the H200 measured 1.4e-4
+# to 1.6e-4 of the boxes (RESULTS.md, "Detect-head decode in half precision"), the CPU 1.3e-5 at most.
+RESIDUE = {"cpu": 1e-4, "cuda": 3e-4}
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -38,8 +40,11 @@ def random_head_outputs(generator, batch, num_classes, level_shapes, reg_max, dt
 
 def assert_rounded_alike(out, expected, max_stride, reg_max, compared_anchors=None):
     """Two float16/bfloat16 decodes ``(B, 4 + nc, A)`` rounded as stock rounds: scores bit for bit; boxes (of the first
-    ``compared_anchors``) bit for bit but for at most RESIDUE of them (one box at least), each moved by one ulp of its
-    DFL distance at most: two ulps of the dtype at the larger of the coordinate and the longest distance in pixels."""
+    ``compared_anchors``) bit for bit but for at most ``RESIDUE`` of them on ``out``'s device (one box at least), each
+    moved by one ulp of its DFL distance at most: two ulps of the dtype at the larger of the coordinate and the
+    longest distance in pixels."""
+    residue = RESIDUE[out.device.type]
+    out, expected = out.cpu(), expected.cpu()
     assert out.dtype == expected.dtype and out.shape == expected.shape
     assert torch.equal(out[:, 4:], expected[:, 4:]), "class scores differ"
     boxes_out, boxes_expected = out[:, :4, :compared_anchors].float(), expected[:, :4, :compared_anchors].float()
@@ -47,7 +52,7 @@ def assert_rounded_alike(out, expected, max_stride, reg_max, compared_anchors=No
     differing = (error > 0).any(1)
     report = f"{differing.sum().item()} of {differing.numel()} boxes differ, by up to {error.max().item():.3g} px"
     print(report)  # the residue, with pytest -s or -rP
-    assert differing.sum().item() <= max(1.0, RESIDUE * differing.numel()), report
+    assert differing.sum().item() <= max(1.0, residue * differing.numel()), report
     scale = boxes_expected.abs().clamp(min=reg_max * max_stride)
     assert (error <= 2 * torch.finfo(out.dtype).eps * torch.exp2(torch.floor(torch.log2(scale)))).all(), report
 
@@ -58,7 +63,7 @@ def assert_matches_reference(out, boxes, scores, level_shapes, level_strides, re
     assert out.dtype == boxes.dtype
     if boxes.dtype in HALF_DTYPES:
         reference = detect_decode_reference(boxes, scores, level_shapes, level_strides, reg_max, xywh)
-        assert_rounded_alike(out.cpu(), reference.cpu(), max(level_strides), reg_max)
+        assert_rounded_alike(out, reference, max(level_strides), reg_max)
         return
     reference = detect_decode_reference(boxes.double(), scores.double(), level_shapes, level_strides, reg_max, xywh)
     rtol, atol = TOLERANCE_FLOAT32
@@ -118,7 +123,7 @@ def test_cuda_equals_cpu(generator, dtype):
     out_cpu = detect_decode(boxes, scores, level_shapes, level_strides)
     out_cuda = detect_decode(boxes.cuda(), scores.cuda(), level_shapes, level_strides)
     if dtype in HALF_DTYPES:
-        assert_rounded_alike(out_cuda.cpu(), out_cpu, max(level_strides), 16)
+        assert_rounded_alike(out_cuda, out_cpu, max(level_strides), 16)
     else:
         torch.testing.assert_close(out_cuda.cpu(), out_cpu, rtol=TOLERANCE_FLOAT32[0], atol=TOLERANCE_FLOAT32[1])
 
