@@ -226,6 +226,7 @@ class _BuildProgress:
     def __init__(self, directory: Path, sources: list[Path], quiet: bool, interval: float = 0.5) -> None:
         self.directory, self.quiet, self.interval = directory, quiet, interval
         self.names = {self._object_name(source): source.name for source in sources}
+        self.done: set[str] = set()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._watch, name="yolo_fastdetect-build-progress", daemon=True)
 
@@ -242,24 +243,27 @@ class _BuildProgress:
         return self
 
     def _watch(self) -> None:
-        done: set[str] = set()
         while not self.stop.wait(self.interval):
-            for name in sorted(self.names.keys() - done):
-                path = self.directory / name
-                try:
-                    fresh = path.stat().st_mtime >= self.start_wall
-                except OSError:
-                    continue
-                if fresh:
-                    done.add(name)
-                    print(f"yolo_fastdetect: [{len(done)}/{len(self.names)}] {self.names[name]} "
-                          f"({time.monotonic() - self.start:.0f} s)", file=sys.stderr, flush=True)
+            self._report_finished()
+
+    def _report_finished(self) -> None:
+        """A line for each object file that appeared since the last look."""
+        for name in sorted(self.names.keys() - self.done):
+            try:
+                fresh = (self.directory / name).stat().st_mtime >= self.start_wall
+            except OSError:
+                continue
+            if fresh:
+                self.done.add(name)
+                print(f"yolo_fastdetect: [{len(self.done)}/{len(self.names)}] {self.names[name]} "
+                      f"({time.monotonic() - self.start:.0f} s)", file=sys.stderr, flush=True)
 
     def __exit__(self, error_type, error, traceback) -> None:
         self.stop.set()
         if self.thread.is_alive():
             self.thread.join()
         if error_type is None and not self.quiet:
+            self._report_finished()  # the files finished since the watcher's last look
             print(f"yolo_fastdetect: operators built in {time.monotonic() - self.start:.0f} s", file=sys.stderr,
                   flush=True)
 
