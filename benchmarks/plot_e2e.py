@@ -43,7 +43,13 @@ def plot(data: dict, output: Path) -> None:
         axis.set_title(f"{row['model']}, batch {row['batch']}: {row['speedup']:.2f}x", fontsize=9)
         axis.set_ylabel("ms per image", fontsize=8)
         axis.margins(y=0.15)
-    handles, labels = axes[0][0].get_legend_handles_labels()
+    filled = {(models.index(row["model"]), batches.index(row["batch"])) for row in rows}
+    for i, axes_row in enumerate(axes):
+        for j, axis in enumerate(axes_row):
+            if (i, j) not in filled:
+                axis.set_axis_off()  # no measured row with stage times for this model and batch
+    first = min(filled)
+    handles, labels = axes[first[0]][first[1]].get_legend_handles_labels()
     figure.legend(handles, labels, loc="lower center", ncol=len(STAGES), fontsize=8, frameon=False)
     figure.suptitle(f"model.predict per image, Ultralytics stage times (label: wall time)\n{data['environment']}",
                     fontsize=9)

@@ -1,0 +1,441 @@
+"""Render benchmarks/RESULTS.md (and docs/e2e.png) from the JSON records in benchmarks/records/.
+
+Each record is one measured row: the benchmark and table it belongs to, its date, machine (GPU, host), versions
+(torch, CUDA, Ultralytics), commit, configuration and figures. The page shows, for every benchmark and configuration,
+the latest record (by date; among records of one date, the last in its file): a new measurement is a new record
+appended to its file, and the rows it supersedes stay in git history.
+
+    python benchmarks/render_results.py            # writes benchmarks/RESULTS.md
+    python benchmarks/render_results.py --check    # exits 1 if RESULTS.md is not the records' rendering
+    python benchmarks/render_results.py --plot     # also re-makes docs/e2e.png (needs matplotlib)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RECORDS = HERE / "records"
+RESULTS = HERE / "RESULTS.md"
+PLOT = HERE.parent / "docs" / "e2e.png"
+BENCHMARKS = ["decode", "nms", "roi_align", "sources", "webcam", "letterbox", "e2e", "scale", "build"]
+
+
+def fmt(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list):
+        return " / ".join(fmt(item) for item in value)
+    return str(value)
+
+
+def ratio(a, b) -> str:
+    return f"{a / b:.2f}x" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else ""
+
+
+def gain(stock, ours):
+    """A rate's speed-up: ours / stock (images per second)."""
+    return lambda record: ratio(record["figures"].get(ours), record["figures"].get(stock))
+
+
+def share(value) -> str:
+    return f"{value:.0%}" if isinstance(value, float) else ""
+
+
+# Per table: (benchmark, table) -> (heading line or None, columns). A column is (header, function of the record).
+def config(key):
+    return lambda record: fmt(record["config"].get(key))
+
+
+def figure(key):
+    return lambda record: fmt(record["figures"].get(key))
+
+
+def speedup(stock, ours):
+    return lambda record: ratio(record["figures"].get(stock), record["figures"].get(ours))
+
+
+def run(record) -> str:
+    return f"{record['date']} {record['commit']}"
+
+
+def build_time(record) -> str:
+    figures = record["figures"]
+    command = f" ({figures['build_command_s']} s for `yolo-fastdetect build`)" if "build_command_s" in figures else ""
+    return f"{figures['build_s']} s{command}"
+
+
+def slowest_file(record) -> str:
+    figures = record["figures"]
+    return f"`{figures['slowest_file']}` {figures['slowest_file_s']} s" if "slowest_file" in figures else "-"
+
+
+def first_prediction(record) -> str:
+    figures = record["figures"]
+    return (
+        f"{figures['first_prediction_s']} s"
+        if "first_prediction_s" in figures
+        else figures.get("first_prediction", "-")
+    )
+
+
+SOURCE_COLUMNS = [
+    ("source", config("source")),
+    ("batch", config("batch")),
+    ("stock img/s", figure("stock_img_s")),
+    ("ours img/s", figure("ours_img_s")),
+    ("speed-up", gain("stock_img_s", "ours_img_s")),
+    ("decode-only img/s", figure("decode_only_img_s")),
+    ("in-memory img/s", figure("in_memory_img_s")),
+    ("same paths, counts", figure("same_paths_counts")),
+    ("max box diff (px)", figure("max_box_diff_px")),
+]
+SCALE_COLUMNS = [
+    ("decode", config("decode")),
+    ("images, batch", lambda r: f"{r['config']['images']}, {r['config']['batch']}"),
+    ("model.predict img/s", figure("predict_img_s")),
+    ("predict_dataset img/s (wall)", figure("wall_img_s")),
+    ("(steady)", figure("steady_img_s")),
+    ("steady / predict", lambda r: f"{r['figures']['steady_img_s'] / r['figures']['predict_img_s']:.0%}"),
+    ("fixed cost (s)", figure("fixed_cost_s")),
+    ("same paths, counts", figure("same_paths_counts")),
+    ("max box diff (px)", figure("max_box_diff_px")),
+]
+
+TABLES = {
+    ("decode", "gpu"): (
+        "yolo12n head at 640x640 (8400 anchors, nc=80), ms per call: eager columns time 20 back-to-back "
+        "calls (launch overhead included), `(graph)` columns replay them from a CUDA graph (GPU time); "
+        "floor = bytes moved / measured copy bandwidth.",
+        [
+            ("batch", config("batch")),
+            ("dtype", config("dtype")),
+            ("stock `_inference`", figure("stock_ms")),
+            ("ours (op)", figure("ours_op_ms")),
+            ("patched `_inference`", figure("patched_ms")),
+            ("torch.compile(stock)", figure("compiled_stock_ms")),
+            ("stock (graph)", figure("stock_graph_ms")),
+            ("ours (graph)", figure("ours_graph_ms")),
+            ("floor", figure("floor_ms")),
+        ],
+    ),
+    ("decode", "cpu"): (
+        "On a CPU (`bench decode --device cpu`, fp32, wall clock, 8 input sets rotated), ms:",
+        [
+            ("batch", config("batch")),
+            ("stock `_inference`", figure("stock_ms")),
+            ("ours (op)", figure("ours_op_ms")),
+            ("patched `_inference`", figure("patched_ms")),
+        ],
+    ),
+    ("decode", "predict"): (
+        "`model.predict` of a YAML yolo12n, fp16, Ultralytics' `inference` stage per image (ms): the "
+        "decode is microseconds of a forward of milliseconds, so these agree within the spread.",
+        [
+            ("batch", config("batch")),
+            ("stock", figure("stock_inference_ms_per_image")),
+            ("patched", figure("patched_inference_ms_per_image")),
+        ],
+    ),
+    ("nms", "gpu"): (
+        "`non_max_suppression` on `(B, 84, 8400)` fp16 predictions, ms; same detections compares the kept rows.",
+        [
+            ("batch", config("batch")),
+            ("candidates/image", config("candidates")),
+            ("settings", config("settings")),
+            ("stock", figure("stock_ms")),
+            ("ours", figure("ours_ms")),
+            ("speed-up", speedup("stock_ms", "ours_ms")),
+            ("same detections", figure("same_detections")),
+        ],
+    ),
+    ("nms", "cpu"): (
+        "On a CPU (fp32, as Ultralytics predicts there), ms, two runs each (first / second):",
+        [
+            ("batch", config("batch")),
+            ("candidates/image", config("candidates")),
+            ("stock", figure("stock_ms")),
+            ("ours", figure("ours_ms")),
+            ("same detections", figure("same_detections")),
+        ],
+    ),
+    ("nms", "predict"): (
+        "`model.predict` of 64 images, batch 64, seeded yolo11n.yaml, fp16: Ultralytics' stage times per "
+        "image (ms), both in one run.",
+        [
+            ("NMS", config("nms")),
+            ("preprocess", figure("preprocess_ms")),
+            ("inference", figure("inference_ms")),
+            ("postprocess", figure("postprocess_ms")),
+            ("detections", figure("detections")),
+        ],
+    ),
+    ("roi_align", "gpu"): (
+        "1000 RoIs (16-320 px, log-uniform, over a 640x640 input), 7x7 output, sampling ratio 2; each "
+        "public call timed on its own (median of 100 after 20 warm-up), ms; torchvision 0.26.",
+        [
+            ("case", config("case")),
+            ("pass", config("pass")),
+            ("dtype", config("dtype")),
+            ("torchvision", figure("torchvision_ms")),
+            ("yolo_fastdetect", figure("ours_ms")),
+            ("speed-up", speedup("torchvision_ms", "ours_ms")),
+        ],
+    ),
+    ("sources", "gpu"): (
+        "`model.predict(source, stream=True)`, seeded yolov8s.yaml (~200-300 boxes an image), fp16: 256 "
+        "JPEGs from 640x480 to 4K, 300-frame 720p and 1080p mp4v clips; images (frames) per second, median "
+        "of the passes after an untimed one. Ceiling: min(decode-only, in-memory).",
+        [("setting", config("setting"))] + SOURCE_COLUMNS,
+    ),
+    ("sources", "memory"): (
+        "Peak host memory loading a list of paths (640x480), MB; the imports alone are the floor:",
+        [
+            ("paths", config("paths")),
+            ("stock MB", figure("stock_mb")),
+            ("ours MB", figure("ours_mb")),
+            ("imports alone MB", figure("imports_mb")),
+        ],
+    ),
+    ("sources", "cpu"): (
+        "On a 2-core CPU (yolo11n.yaml, 24 images, 60-frame clips, one decoder thread):",
+        SOURCE_COLUMNS,
+    ),
+    ("webcam", "gpu"): (
+        "`demo/webcam.py --headless`: 200 frames of a 640x480 clip (`demo/make_clip.py`), YAML yolo12n, "
+        "fp16, batch 1; mean ms per stage.",
+        [
+            ("mode", config("mode")),
+            ("mean FPS", figure("mean_fps")),
+            ("median FPS", figure("median_fps")),
+            ("capture", figure("capture_ms")),
+            ("preprocess", figure("preprocess_ms")),
+            ("inference", figure("inference_ms")),
+            ("post-process", figure("postprocess_ms")),
+        ],
+    ),
+    ("letterbox", "gpu"): (
+        "Stock `LetterBox` + `preprocess` against `ops.letterbox` (one launch per batch of mixed sizes), "
+        "bus.jpg / zidane.jpg alternating, ms per batch (median of 15 after 3 warm-up).",
+        [
+            ("batch", config("batch")),
+            ("dtype", config("dtype")),
+            ("stock ms", figure("stock_ms")),
+            ("ours ms", figure("ours_ms")),
+            ("speed-up", speedup("stock_ms", "ours_ms")),
+            ("bit-identical", figure("bit_identical")),
+        ],
+    ),
+    ("e2e", "gpu"): (
+        "`model.predict` on lists of numpy images (bus/zidane alternating), fp16, stock against everything on, "
+        "one process; wall ms per image (CUDA events), stages from `Results.speed`. Seeded YAML models with "
+        "raised class biases: every anchor is an NMS candidate, 300 detections an image. Warm-up: each side's "
+        "first calls (compilation included).",
+        [
+            ("model", config("model")),
+            ("batch", config("batch")),
+            ("setting", config("setting")),
+            ("stock ms/img", figure("stock_ms_per_image")),
+            ("ours ms/img", figure("ours_ms_per_image")),
+            ("speed-up", speedup("stock_ms_per_image", "ours_ms_per_image")),
+            ("stock pre / inf / post", figure("stock_stages_ms")),
+            ("ours pre / inf / post", figure("ours_stages_ms")),
+            ("warm-up s stock / ours", figure("warmup_s")),
+            ("boxes stock / ours", figure("boxes")),
+            ("max box diff (px)", figure("max_box_diff_px")),
+        ],
+    ),
+    ("scale", "gpu"): (
+        "`predict_dataset` on a local Ray cluster against `model.predict(folder, stream=True)`, same JPEGs, "
+        "model and arguments (seeded yolov8s.yaml, imgsz 640, fp16). Wall: images over the whole run "
+        "(actors' start-up included); steady: from the actor's own batch times. Warm runs: the cluster's "
+        "first run is left out.",
+        SCALE_COLUMNS,
+    ),
+    ("scale", "cpu"): ("On a 2-core CPU, one CPU actor, yolo11n.yaml at imgsz 320:", SCALE_COLUMNS),
+    ("build", "build"): (
+        "A cold cache each time; `TORCH_CUDA_ARCH_LIST=9.0a`. PyPI toolkit: the `[cuda]` extra's wheels "
+        "alone, the system toolkit hidden.",
+        [
+            ("toolkit", config("toolkit")),
+            ("build (14 files, ninja, 16 cores)", build_time),
+            ("slowest file", slowest_file),
+            ("time to first prediction", first_prediction),
+        ],
+    ),
+}
+
+SECTIONS = {
+    "decode": "Detect-head decode (`bench decode`)",
+    "nms": "Batched NMS (`bench nms`)",
+    "roi_align": "RoIAlign (`bench roi_align`)",
+    "sources": "File sources (`bench sources`)",
+    "webcam": "Webcam demo (`demo/webcam.py --headless`)",
+    "letterbox": "Letterbox preprocessing (`bench letterbox`)",
+    "e2e": "End to end: `model.predict` (`bench e2e`)",
+    "scale": "Scale-out on Ray Data (`bench scale`)",
+    "build": "First use: building the operators",
+}
+
+
+def load(directory: Path = RECORDS) -> list[dict]:
+    records = []
+    for name in BENCHMARKS:
+        path = directory / f"{name}.json"
+        if path.exists():
+            records.extend(json.loads(path.read_text()))
+    return records
+
+
+def current(records: list[dict]) -> list[dict]:
+    """The latest record per benchmark, table and configuration, in the order the configurations first appear."""
+    latest: dict[str, dict] = {}
+    order: list[str] = []
+    for record in records:
+        key = json.dumps([record["benchmark"], record["table"], record["config"]], sort_keys=True)
+        if key not in latest:
+            order.append(key)
+            latest[key] = record
+        elif record["date"] >= latest[key]["date"]:
+            latest[key] = record
+    return [latest[key] for key in order]
+
+
+def natural(record: dict) -> list:
+    """Rows in the order of their configuration values, numbers by value (720p before 1080p)."""
+    return [
+        [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(value))]
+        for value in record["config"].values()
+    ]
+
+
+def machine(record: dict) -> str:
+    parts = [record.get("gpu") or "no GPU", record.get("host")]
+    parts += [
+        f"{name} {record[key]}"
+        for key, name in (("torch", "torch"), ("cuda", "CUDA"), ("ultralytics", "Ultralytics"))
+        if record.get(key)
+    ]
+    return ", ".join(part for part in parts if part)
+
+
+def table(rows: list[dict], columns) -> list[str]:
+    headers = [header for header, _ in columns] + ["run"]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for record in rows:
+        lines.append("| " + " | ".join([get(record) for _, get in columns] + [run(record)]) + " |")
+    return lines
+
+
+DEFAULT_MACHINE = "NVIDIA H200, 16 CPU cores, torch 2.11.0+cu130, CUDA 13.0, Ultralytics 8.4.190"
+HEADER = (
+    "Generated by `python benchmarks/render_results.py` from `benchmarks/records/*.json` (one record per "
+    "measured row): the latest row of each benchmark and configuration, with the run (date, commit) it comes "
+    "from; earlier rows are in git history. Times in ms unless a column says otherwise; stock Ultralytics and "
+    "ours side by side in one process, medians after warm-up. How to run them: README's Benchmarks section; why "
+    "the code is as it is: [docs/design.md](../docs/design.md). Machine, unless a table names another: "
+    f"{DEFAULT_MACHINE}, Python 3.12."
+)
+
+
+def render(records: list[dict]) -> str:
+    rows = current(records)
+    lines = ["# Benchmark results", ""] + textwrap.wrap(HEADER, 118) + [""]
+    for benchmark in BENCHMARKS:
+        section = [row for row in rows if row["benchmark"] == benchmark]
+        if not section:
+            continue
+        lines += [f"## {SECTIONS[benchmark]}"]
+        for (name, table_name), (intro, columns) in TABLES.items():
+            table_rows = sorted(
+                (row for row in section if row["table"] == table_name and name == benchmark), key=natural
+            )
+            if not table_rows:
+                continue
+            machines = [text for text in dict.fromkeys(machine(row) for row in table_rows) if text != DEFAULT_MACHINE]
+            where = " " + "; ".join(machines) + "." if machines else ""
+            lines += textwrap.wrap(intro + where, 118) + [""] + table(table_rows, columns)
+            notes: dict[str, list[str]] = {}
+            for row in table_rows:
+                if row.get("note"):
+                    notes.setdefault(row["note"], []).append(run(row))
+            if notes:
+                lines += [""] + [f"- {', '.join(dict.fromkeys(runs))}: {note}." for note, runs in notes.items()]
+            lines.append("")
+        if benchmark == "build":
+            check = next(row for row in section if row["table"] == "check")
+            lines += [
+                f"`{check['config']['command']}` with the PyPI toolkit only ({run(check)}):",
+                "",
+                "```",
+                *check["figures"]["output"],
+                "```",
+                "",
+            ]
+        if benchmark == "e2e":
+            lines += ["![model.predict per stage](../docs/e2e.png)", ""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def plot(records: list[dict], output: Path = PLOT) -> None:
+    """docs/e2e.png from the current eager rows of `bench e2e` that have stage times."""
+    sys.path.insert(0, str(HERE))
+    from plot_e2e import plot as plot_e2e
+
+    rows = []
+    for record in current(records):
+        figures = record["figures"]
+        if record["benchmark"] != "e2e" or record["config"]["setting"] != "-" or "ours_stages_ms" not in figures:
+            continue
+        sides = {
+            side: {
+                "ms_per_image": figures[f"{side}_ms_per_image"],
+                "stages_ms_per_image": dict(
+                    zip(("preprocess", "inference", "postprocess"), figures[f"{side}_stages_ms"])
+                ),
+            }
+            for side in ("stock", "ours")
+        }
+        rows.append(
+            {
+                "model": record["config"]["model"],
+                "batch": record["config"]["batch"],
+                **sides,
+                "speedup": figures["stock_ms_per_image"] / figures["ours_ms_per_image"],
+            }
+        )
+    rows.sort(key=lambda row: (row["model"], row["batch"]))
+    machines = (machine(record) for record in current(records) if record["benchmark"] == "e2e")
+    environment = "; ".join(dict.fromkeys(machines))
+    plot_e2e({"rows": rows, "environment": environment + " (runs: benchmarks/RESULTS.md)"}, output)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if RESULTS.md differs from the rendering")
+    parser.add_argument("--plot", action="store_true", help="also re-make docs/e2e.png from the e2e records")
+    args = parser.parse_args(argv)
+    records = load()
+    text = render(records)
+    if args.check:
+        if RESULTS.read_text() != text:
+            print("benchmarks/RESULTS.md is not the records' rendering: run python benchmarks/render_results.py")
+            return 1
+        return 0
+    RESULTS.write_text(text)
+    print(f"wrote {RESULTS}")
+    if args.plot:
+        plot(records)
+        print(f"wrote {PLOT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
