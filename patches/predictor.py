@@ -26,7 +26,6 @@ next call.
 
 from __future__ import annotations
 
-import os
 import weakref
 from collections.abc import Callable
 
@@ -40,7 +39,7 @@ from ultralytics.models.yolo.detect import DetectionPredictor
 from ultralytics.nn.autobackend import AutoBackend
 from ultralytics.nn.tasks import DetectionModel, OBBModel, PoseModel, SegmentationModel
 
-from yolo_fastdetect import _ext
+from yolo_fastdetect import _ext, config
 from yolo_fastdetect.graphs import default_cache
 from yolo_fastdetect.ops.letterbox import letterbox
 
@@ -163,8 +162,8 @@ def replayed_backend(predictor: DetectionPredictor) -> AutoBackend | None:
 
 
 def replay_on() -> bool:
-    """Whether ``YOLO_FASTDETECT_GRAPHS`` leaves the replay on (anything but ``0``), read at each call."""
-    return os.environ.get(GRAPHS_VARIABLE, "1") != "0"
+    """Whether ``YOLO_FASTDETECT_GRAPHS`` leaves the replay on (unset or ``1``), read at each call."""
+    return config.get(GRAPHS_VARIABLE)
 
 
 def _pytorch_backend(backend: AutoBackend) -> bool:

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from yolo_fastdetect import config
 from yolo_fastdetect.ray.predictor import Predictor
 
 TIMES_VARIABLE = "YOLO_FASTDETECT_BENCH_SCALE_TIMES"  # the folder of the notes (Ray passes it to every worker)
@@ -27,8 +28,8 @@ class TimedPredictor(Predictor):
 
     def __call__(self, batch: dict[str, np.ndarray]) -> pa.Table:
         table = super().__call__(batch)
-        folder = os.environ.get(TIMES_VARIABLE)
-        if folder and os.path.isdir(folder):
+        folder = config.get(TIMES_VARIABLE)
+        if folder is not None and folder.is_dir():
             Path(folder, f"{time.time():.6f}_{table.num_rows}_{os.getpid()}_{threading.get_ident()}").touch()
         return table
 
