@@ -52,9 +52,8 @@ GRAPHS_VARIABLE = "YOLO_FASTDETECT_GRAPHS"
 _GRAPHED_NETWORKS = (DetectionModel, SegmentationModel, PoseModel, OBBModel)
 
 # Compile modes with CUDA graphs of their own, and the same mode without them (torch._inductor.list_mode_options).
-# Where our graphs replay the forward, these compile without theirs: on the H200 (yolov8s fp16, 568e18d and 586f41a)
-# reduce-overhead's graphs took 1.759 ms for the inference stage at batch 1 (0.161 at batch 64), ours 1.327 of the
-# eager forward in the same run and 1.157 (0.141) of the compile=True forward.
+# Where our graphs replay the forward, these compile without theirs: reduce-overhead's graphs were slower than ours
+# replaying the eager forward, or the compile=True one (see benchmarks/RESULTS.md, End to end).
 _WITHOUT_OWN_GRAPHS = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 _COMPILED_FOR_OUR_GRAPHS: weakref.WeakSet = weakref.WeakSet()  # what attempt_compile compiled without its graphs
 

@@ -39,9 +39,9 @@ def steady_rate(folder: Path) -> float:
     batches): this leaves out the run's start (cluster work, actor start-up, model load, the first batch) and the
     writing of the output after the last batch.
 
-    At 586f41a the steady rate was a full run less a one-batch run; their fixed costs (12-18 s on the H200) varied by
-    seconds. The output files' times were tried next (ba7bfcb) and came out too high: on 2 CPUs the write tasks, kept
-    from the CPUs by decode tasks, wrote the files in a burst after the last batch.
+    The steady rate was first a full run less a one-batch run; their fixed costs varied by seconds between runs. The
+    output files' times were tried next and came out too high: on 2 CPUs the write tasks, kept from the CPUs by
+    decode tasks, wrote the files in a burst after the last batch (see benchmarks/RESULTS.md, Scale-out on Ray Data).
 
     Examples:
         >>> steady_rate(Path("times"))

@@ -126,7 +126,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64], help="batch sizes (default 1 16 64)")
     parser.add_argument("--candidates", type=int, nargs="+", default=[100, 3000],
                         help="candidates per image above conf 0.25 (default 100 3000)")
-    # Stock takes 3-3.6 s a call for val at batch 64 on the H200: an A/B of our kernels can leave those rows out.
+    # Stock takes seconds a call for val at batch 64: an A/B of our kernels can leave those rows out.
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS),
                         help="NMS settings to time (default predict val)")
     parser.add_argument("--skip-predict", action="store_true", help="only time the function")

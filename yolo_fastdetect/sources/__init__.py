@@ -42,10 +42,9 @@ LIST_OPENCV_VARIABLE = "YOLO_FASTDETECT_LIST_OPENCV"
 UPLOAD_AHEAD_VARIABLE = "YOLO_FASTDETECT_UPLOAD_AHEAD"
 GPU_JPEG_VARIABLE = "YOLO_FASTDETECT_GPU_JPEG"
 DECODER_NICE_VARIABLE = "YOLO_FASTDETECT_DECODER_NICE"
-# Upload-ahead pays where the predictor's thread bounds the pipeline, and costs where the decoders do (they take on
-# the copies). H200, 256 JPEGs up to 4K and a 720p clip, 15 decoder threads, with / without: folder batch 1 217 / 195
-# img/s, video batch 1 293 / 238 FPS; folder batch 16 428 / 413, batch 64 446 / 503, list batch 64 449 / 465, video
-# batch 8 614 / 837 (its one reader thread bounds it). So batch 1 only.
+# Upload-ahead pays where the predictor's thread bounds the pipeline (batch 1, a folder or a video), and costs where
+# the decoders do, since they take on the copies (larger batches; a video at batch 8, which its one reader thread
+# bounds). So batch 1 only (see benchmarks/RESULTS.md, File sources).
 UPLOAD_AHEAD_MAX_BATCH = 1
 
 # What check_source treats as a stream, a URL or a screenshot rather than a local file.
