@@ -2,10 +2,10 @@
 
 After the forward pass, stock post-processing of a batch is some thirty small launches: the batched NMS's selection,
 sort and suppression kernels with its non-finite check, then stock's ``scale_boxes`` (twelve in-place operations),
-each 10-20 us of host time while the GPU waits. On the H200 (6b002df, seeded yolov8s, fp16, batch 1) the NMS
-drop-in took 0.60 ms of host time for 0.44 ms of GPU time, and ``construct_results`` 0.27 ms. One graph per key
-(the prediction's shape, the NMS arguments, the input and original image sizes) replays them with one launch: the
-same kernels on a copy of the prediction, so the same detections bit for bit.
+each 10-20 us of host time while the GPU waits: at batch 1 the NMS drop-in's host time exceeded its GPU time. One
+graph per key (the prediction's shape, the NMS arguments, the input and original image sizes) replays them with one
+launch: the same kernels on a copy of the prediction, so the same detections bit for bit (see
+benchmarks/RESULTS.md, End to end, for what the graph saves).
 
 It applies to plain detection that ``DetectionPredictor`` builds (task ``detect``, not end-to-end, no object
 features, no extra arguments, no ``construct_result(s)`` of a subclass's own) with the batched NMS installed, a

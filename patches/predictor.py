@@ -26,7 +26,6 @@ next call.
 
 from __future__ import annotations
 
-import os
 import weakref
 from collections.abc import Callable
 
@@ -40,7 +39,7 @@ from ultralytics.models.yolo.detect import DetectionPredictor
 from ultralytics.nn.autobackend import AutoBackend
 from ultralytics.nn.tasks import DetectionModel, OBBModel, PoseModel, SegmentationModel
 
-from yolo_fastdetect import _ext
+from yolo_fastdetect import _ext, config
 from yolo_fastdetect.graphs import default_cache
 from yolo_fastdetect.ops.letterbox import letterbox
 
@@ -53,9 +52,8 @@ GRAPHS_VARIABLE = "YOLO_FASTDETECT_GRAPHS"
 _GRAPHED_NETWORKS = (DetectionModel, SegmentationModel, PoseModel, OBBModel)
 
 # Compile modes with CUDA graphs of their own, and the same mode without them (torch._inductor.list_mode_options).
-# Where our graphs replay the forward, these compile without theirs: on the H200 (yolov8s fp16, 568e18d and 586f41a)
-# reduce-overhead's graphs took 1.759 ms for the inference stage at batch 1 (0.161 at batch 64), ours 1.327 of the
-# eager forward in the same run and 1.157 (0.141) of the compile=True forward.
+# Where our graphs replay the forward, these compile without theirs: reduce-overhead's graphs were slower than ours
+# replaying the eager forward, or the compile=True one (see benchmarks/RESULTS.md, End to end).
 _WITHOUT_OWN_GRAPHS = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 _COMPILED_FOR_OUR_GRAPHS: weakref.WeakSet = weakref.WeakSet()  # what attempt_compile compiled without its graphs
 
@@ -163,8 +161,8 @@ def replayed_backend(predictor: DetectionPredictor) -> AutoBackend | None:
 
 
 def replay_on() -> bool:
-    """Whether ``YOLO_FASTDETECT_GRAPHS`` leaves the replay on (anything but ``0``), read at each call."""
-    return os.environ.get(GRAPHS_VARIABLE, "1") != "0"
+    """Whether ``YOLO_FASTDETECT_GRAPHS`` leaves the replay on (unset or ``1``), read at each call."""
+    return config.get(GRAPHS_VARIABLE)
 
 
 def _pytorch_backend(backend: AutoBackend) -> bool:

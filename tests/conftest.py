@@ -33,7 +33,10 @@ SEED_VARIABLE = "YOLO_FASTDETECT_TEST_SEED"
 def generator() -> torch.Generator:
     """A CPU generator seeded freshly from the OS for each test, or from ``YOLO_FASTDETECT_TEST_SEED`` to replay a
     failure (the seed is printed, and pytest shows it for a failing test)."""
-    seed = int(os.environ.get(SEED_VARIABLE) or int.from_bytes(os.urandom(4), "little"))
+    from yolo_fastdetect import config  # here, not above: conftest sets the environment before the package loads
+
+    seed = config.get(SEED_VARIABLE)
+    seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
     print(f"random seed: {seed} (replay: {SEED_VARIABLE}={seed})")
     return torch.Generator().manual_seed(seed)
 

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from yolo_fastdetect import graphs
+from yolo_fastdetect.config import ConfigError
 from yolo_fastdetect.graphs import GraphCache, capture_cuda_graph
 
 
@@ -196,9 +197,10 @@ def test_size_from_environment(monkeypatch):
     assert len(cache) == 1
     monkeypatch.setenv(graphs.CACHE_SIZE_VARIABLE, "0")
     assert run(cache, b, owner) == "eager" and len(cache) == 0  # a smaller size applies at once
-    monkeypatch.setenv(graphs.CACHE_SIZE_VARIABLE, "many")
-    with pytest.warns(UserWarning, match="not a number"):
-        assert cache.capacity() == graphs.DEFAULT_CACHE_SIZE
+    for value in ("many", "-1"):
+        monkeypatch.setenv(graphs.CACHE_SIZE_VARIABLE, value)
+        with pytest.raises(ConfigError, match=f"{graphs.CACHE_SIZE_VARIABLE}='{value}' is not"):
+            cache.capacity()
     monkeypatch.delenv(graphs.CACHE_SIZE_VARIABLE)
     assert cache.capacity() == graphs.DEFAULT_CACHE_SIZE == 8
 

@@ -106,7 +106,8 @@ def test_gradcheck(generator, device, pool_mode, aligned):
     x, rois = roi_align_inputs(generator, (2, 3, 7, 9), 6, 0.5, torch.float64, device, requires_grad=True)
     for sampling_ratio in (0, 2):
         assert torch.autograd.gradcheck(
-            lambda t: roi_align(t, rois, (2, 3), 0.5, sampling_ratio, pool_mode, aligned), (x,), eps=1e-6, atol=1e-5
+            lambda t, s=sampling_ratio: roi_align(t, rois, (2, 3), 0.5, s, pool_mode, aligned), (x,), eps=1e-6,
+            atol=1e-5,
         )
 
 

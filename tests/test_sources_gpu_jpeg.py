@@ -32,7 +32,7 @@ def assert_close_to_stock(stock: list, ours: list) -> float:
     """Same paths and shapes; CPU-decoded images equal, GPU-decoded ones close. Returns the largest pixel gap."""
     assert [r[0] for r in ours] == [r[0] for r in stock]
     largest = 0
-    for (path, stock_image, _, _), (_, image, boxes, _) in zip(stock, ours):
+    for (path, stock_image, _, _), (_, image, _, _) in zip(stock, ours):
         assert image.shape == stock_image.shape and image.dtype == stock_image.dtype, path
         gap = np.abs(image.astype(np.int16) - stock_image.astype(np.int16))
         if path.endswith(tuple(GPU_DECODED)):

@@ -4,6 +4,7 @@ caller instead of hanging."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -61,10 +62,8 @@ def open_files_under(folder: Path) -> list[str]:
         return []
     targets = []
     for fd in os.listdir("/proc/self/fd"):
-        try:
+        with contextlib.suppress(OSError):  # closed meanwhile
             targets.append(os.readlink(f"/proc/self/fd/{fd}"))
-        except OSError:  # closed meanwhile
-            pass
     return [t for t in targets if t.startswith(str(folder))]
 
 

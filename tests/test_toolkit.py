@@ -9,7 +9,6 @@ The wheel trees are real: ``.ci/run`` installs PyPI's CUDA 13 toolkit wheels (``
 
 from __future__ import annotations
 
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -17,12 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from yolo_fastdetect import _ext, _toolkit
+from yolo_fastdetect import _ext, _toolkit, config
 
 
 def wheel_site(name: str) -> Path:
     """The ``--target`` folder holding the ``name`` (cu13 or cu12) toolkit wheels; skips when not installed."""
-    listed = os.environ.get("YOLO_FASTDETECT_TEST_TOOLKITS", "")
+    listed = config.get("YOLO_FASTDETECT_TEST_TOOLKITS")
     folders = dict(item.split("=", 1) for item in listed.split(":") if item)
     if name not in folders or not Path(folders[name]).is_dir():
         pytest.skip(f"no {name} toolkit wheels installed (YOLO_FASTDETECT_TEST_TOOLKITS, set by .ci/run)")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from yolo_fastdetect import config
 from yolo_fastdetect.bench.versions import check_release, render
 
 SITES_VARIABLE = "YOLO_FASTDETECT_ULTRALYTICS_SITES"
@@ -24,7 +25,7 @@ ALWAYS_ON = ("detect_head", "nms", "predictor")
 
 def release_folders() -> list:
     """One parameter per folder of ``YOLO_FASTDETECT_ULTRALYTICS_SITES``, or one that skips where it is unset."""
-    folders = [Path(folder) for folder in os.environ.get(SITES_VARIABLE, "").split(os.pathsep) if folder]
+    folders = [Path(folder) for folder in config.get(SITES_VARIABLE).split(os.pathsep) if folder]
     if not folders:
         return [pytest.param(None, marks=pytest.mark.skip(reason=f"{SITES_VARIABLE} lists no Ultralytics releases"))]
     return [pytest.param(folder, id=folder.name) for folder in folders]

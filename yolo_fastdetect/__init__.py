@@ -9,7 +9,6 @@ runs stock.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ __version__ = "0.1.0"
 if not (Path(__file__).parent / "patches").is_dir() and (Path(__file__).parent.parent / "patches").is_dir():
     __path__.append(str(Path(__file__).parent.parent))  # noqa: F821 - the package's own search path
 
+from . import config  # noqa: E402
 from .features import capture_head_inputs, detection_rois, roi_features  # noqa: E402
 from .ops import (  # noqa: E402
     LetterboxGeometry,
@@ -125,5 +125,5 @@ def is_enabled() -> bool:
     return patches is not None and patches.applied()
 
 
-if os.environ.get("YOLO_FASTDETECT", "1") != "0":
+if config.get("YOLO_FASTDETECT"):
     enable()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from . import _toolkit
+from . import _toolkit, config
 
 EXTENSION_NAME = "yolo_fastdetect_ops"
 MARKER_NAME = "complete"  # written after a successful link: the library's fingerprint
@@ -100,8 +100,7 @@ def cpu_flags() -> list[str]:
     contraction, so that results round as torch's and torchvision's own CPU kernels do; OpenMP, which
     ``at::parallel_for`` needs to run on torch's intra-op threads. The C++ standard is left to torch (C++20 from
     2.13 on)."""
-    default = "-O3 -march=native -fno-trapping-math -ffp-contract=off -fopenmp"
-    return os.environ.get("YOLO_FASTDETECT_CXXFLAGS", default).split()
+    return config.get("YOLO_FASTDETECT_CXXFLAGS").split()  # default: config.DEFAULT_CXXFLAGS
 
 
 def _cpu_signature() -> str:
@@ -117,7 +116,7 @@ def _cpu_signature() -> str:
 
 def cache_root() -> Path:
     """Where builds are cached: ``YOLO_FASTDETECT_CACHE``, else ``~/.cache/yolo_fastdetect``."""
-    return Path(os.environ.get("YOLO_FASTDETECT_CACHE", Path.home() / ".cache" / "yolo_fastdetect"))
+    return config.get("YOLO_FASTDETECT_CACHE")
 
 
 def build_dir(with_cuda: bool) -> Path:
@@ -147,7 +146,7 @@ def _cuda_wanted() -> bool:
 
 def _cpu_only_reason() -> str | None:
     """Why the build leaves out CUDA on purpose, or None."""
-    return "YOLO_FASTDETECT_CPU_ONLY=1" if os.environ.get("YOLO_FASTDETECT_CPU_ONLY", "0") == "1" else None
+    return "YOLO_FASTDETECT_CPU_ONLY=1" if config.get("YOLO_FASTDETECT_CPU_ONLY") else None
 
 
 def library_path() -> Path:

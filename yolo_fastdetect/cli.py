@@ -132,7 +132,7 @@ def patch_state() -> str:
             return (f"{state}; operators unavailable, so the Detect decode, NMS and letterbox run stock "
                     f"(log: {_ext._state['log']})")
         return state
-    if os.environ.get("YOLO_FASTDETECT") == "0":
+    if not yolo_fastdetect.config.get("YOLO_FASTDETECT"):
         return "off (YOLO_FASTDETECT=0)"
     from yolo_fastdetect import patches
 

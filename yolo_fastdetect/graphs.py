@@ -24,9 +24,7 @@ batch's inference) or clone them before calling the module again.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
-import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -36,10 +34,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import config
+
 __all__ = ["CapturedGraph", "GraphCache", "capture_cuda_graph", "default_cache"]
 
 CACHE_SIZE_VARIABLE = "YOLO_FASTDETECT_GRAPH_CACHE"
-DEFAULT_CACHE_SIZE = 8
+DEFAULT_CACHE_SIZE = config.VARIABLES[CACHE_SIZE_VARIABLE].default
 WARMUP_RUNS = 3
 MAX_CAPTURES = 2  # a key captured this often (evicted in between) thrashes the cache: it runs eagerly from then on
 MAX_REMEMBERED_KEYS = 1024  # keys seen but not captured (or eager for good) that the cache remembers
@@ -206,13 +206,7 @@ class GraphCache:
         """Most graphs kept: ``max_size``, or the environment variable's value."""
         if self.max_size is not None:
             return self.max_size
-        value = os.environ.get(CACHE_SIZE_VARIABLE, str(DEFAULT_CACHE_SIZE))
-        try:
-            return max(int(value), 0)
-        except ValueError:
-            warnings.warn(f"yolo_fastdetect: {CACHE_SIZE_VARIABLE}={value!r} is not a number; "
-                          f"using {DEFAULT_CACHE_SIZE}")
-            return DEFAULT_CACHE_SIZE
+        return config.get(CACHE_SIZE_VARIABLE)
 
     def clear(self) -> None:
         """Drop every graph (freeing its memory pool) and forget every key."""

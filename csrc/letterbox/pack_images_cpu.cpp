@@ -2,11 +2,10 @@
 // the way to the GPU) at their byte offsets, over at most a few of ATen's intra-op threads. The letterbox uses it for a
 // batch that fits one staging piece, typically batch 1 (yolo_fastdetect/ops/letterbox.py).
 //
-// Why a few: one 2.6 MB image copies in 0.25 ms on one thread of the H200's host, 0.10 ms on four and 0.05 ms on all
-// 16 (torch's own copy_). The 16-thread copy gave the slowest batch-1 preprocess stage measured (2.9 ms in a busy run,
-// against a 0.3 median), though a later run found no tail to blame on it (300 letterbox calls each: 0.47 ms at most
-// with 16 threads, one call of 8 ms with four); four leave the other cores to the process's other threads (the
-// decoders of yolo_fastdetect.sources) at 0.06 ms more a call.
+// Why a few: four threads take most of what copying over every core gains against one. The every-core copy gave the
+// slowest batch-1 preprocess stage measured, in a busy run, though a later run found no tail to blame on it; four
+// leave the other cores to the process's other threads (the decoders of yolo_fastdetect.sources) at a few hundredths
+// of a millisecond more a call (see benchmarks/RESULTS.md, Letterbox preprocessing).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>

@@ -73,8 +73,8 @@ __global__ void __launch_bounds__(kSelectThreads)
   __syncthreads();
 
   // One pass takes every candidate while they fit (the usual case: a trained model leaves a few hundred); the
-  // count it ends with says whether a selection must follow. Measured on the H200 (6b002df, batch 1, 6300
-  // candidates): the kernel took 0.110 ms with a counting pass before the taking one.
+  // count it ends with says whether a selection must follow. A counting pass before the taking one made the kernel
+  // about twice as slow (see benchmarks/RESULTS.md, End to end).
   uint64_t* image_selected = selected + image * capacity;
   for_each_image_candidate(image_prediction, params, [&](uint64_t key) {
     const unsigned int slot = atomicAdd(&num_selected, 1u);

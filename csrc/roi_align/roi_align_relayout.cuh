@@ -36,8 +36,8 @@ __global__ void __launch_bounds__(kTransposeThreads)
   const int64_t first_row = static_cast<int64_t>(blockIdx.y) * kTransposeTile;
   const int64_t first_col = static_cast<int64_t>(blockIdx.x) * kTransposeTile;
   // All of a thread's loads first, then the stores into the tile: the loads are in flight together (a load followed
-  // by its store, pass by pass, kept one 16-byte load in flight per thread: 17.6 us for a (4, 256, 80, 80) float32
-  // map on an H200).
+  // by its store, pass by pass, kept one 16-byte load in flight per thread, and the transpose was slower; see
+  // benchmarks/RESULTS.md, RoIAlign, for its time).
   constexpr int kPasses = kTransposeTile * kVectorsPerLine / kTransposeThreads;
   static_assert(kPasses * kTransposeThreads == kTransposeTile * kVectorsPerLine, "whole passes over the tile");
   Packet<in_t, V> packets[kPasses];

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from yolo_fastdetect import config
 from yolo_fastdetect.ray.predictor import Predictor
 
 TIMES_VARIABLE = "YOLO_FASTDETECT_BENCH_SCALE_TIMES"  # the folder of the notes (Ray passes it to every worker)
@@ -27,8 +28,8 @@ class TimedPredictor(Predictor):
 
     def __call__(self, batch: dict[str, np.ndarray]) -> pa.Table:
         table = super().__call__(batch)
-        folder = os.environ.get(TIMES_VARIABLE)
-        if folder and os.path.isdir(folder):
+        folder = config.get(TIMES_VARIABLE)
+        if folder is not None and folder.is_dir():
             Path(folder, f"{time.time():.6f}_{table.num_rows}_{os.getpid()}_{threading.get_ident()}").touch()
         return table
 
@@ -38,9 +39,9 @@ def steady_rate(folder: Path) -> float:
     batches): this leaves out the run's start (cluster work, actor start-up, model load, the first batch) and the
     writing of the output after the last batch.
 
-    At 586f41a the steady rate was a full run less a one-batch run; their fixed costs (12-18 s on the H200) varied by
-    seconds. The output files' times were tried next (ba7bfcb) and came out too high: on 2 CPUs the write tasks, kept
-    from the CPUs by decode tasks, wrote the files in a burst after the last batch.
+    The steady rate was first a full run less a one-batch run; their fixed costs varied by seconds between runs. The
+    output files' times were tried next and came out too high: on 2 CPUs the write tasks, kept from the CPUs by
+    decode tasks, wrote the files in a burst after the last batch (see benchmarks/RESULTS.md, Scale-out on Ray Data).
 
     Examples:
         >>> steady_rate(Path("times"))

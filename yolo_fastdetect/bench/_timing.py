@@ -122,14 +122,12 @@ def detecting_model(
 def environment_line() -> str:
     """GPU (or CPU), torch version and date, for the header of a benchmark's table."""
     import datetime
-    import os
     import platform
     import subprocess
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({platform.processor() or 'x86_64'})"
-    commit = os.environ.get("YOLO_FASTDETECT_COMMIT")  # a copied tree without .git (the GPU machine) passes it
-    try:
-        commit = commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+    try:  # a tree copied without .git (or without git) says "unknown"
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 timeout=10).stdout.strip() or "unknown"
     except OSError:
         commit = "unknown"

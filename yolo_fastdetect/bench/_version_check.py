@@ -215,7 +215,7 @@ def predict_checks(checks: Checks, device: str, quick: bool) -> None:
             model = seeded_model(config, device)
             for conf in (0.25, 0.001):
                 for label, batch in batches.items():
-                    def predict(batch=batch, conf=conf):
+                    def predict(batch=batch, conf=conf, model=model):
                         return model.predict(batch, imgsz=PREDICT_IMGSZ, conf=conf, device=device, verbose=False)
 
                     checks.run(f"predict {config} conf={conf} {label}",

@@ -16,7 +16,7 @@ The warm-up calls' wall time is reported too (seconds, both sides).
 ``max-autotune-no-cudagraphs``, ...) with stock and ours each predicting through Ultralytics' ``compile=MODE``
 (``torch.compile`` of the ``AutoBackend`` model, inductor). Each side starts from a new predictor and an empty dynamo
 cache, so its warm-up includes all of its own compilation (every row's sides start from a new predictor, as a user's
-first call makes). A process's first use of an input shape and layout pays set-up costs (yolo12n on the H200: 2-4 s)
+first call makes). A process's first use of an input shape and layout pays set-up costs (seconds, for yolo12n)
 that stock's side, which runs first, pays for both: ours' warm-up leaves them out, unless its layout differs.
 Inductor's on-disk cache (``TORCHINDUCTOR_CACHE_DIR``) shortens a repeated run's warm-up: point it at an empty folder
 for the first run's numbers.

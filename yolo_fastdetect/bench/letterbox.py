@@ -54,8 +54,13 @@ def main(argv: list[str]) -> None:
         dtype = getattr(torch, dtype_name)
         for batch in args.batches:
             images = [assets[i % 2] for i in range(batch)]
-            stock = lambda: stock_preprocess(images, args.imgsz, dtype, device)  # noqa: E731
-            ours = lambda: letterbox(images, args.imgsz, dtype=dtype, device=device)[0]  # noqa: E731
+
+            def stock(images=images, dtype=dtype):
+                return stock_preprocess(images, args.imgsz, dtype, device)
+
+            def ours(images=images, dtype=dtype):
+                return letterbox(images, args.imgsz, dtype=dtype, device=device)[0]
+
             identical = torch.equal(stock(), ours())
             stock_ms = single_call_median_ms(stock, device.type, args.repeats, args.warmup)
             our_ms = single_call_median_ms(ours, device.type, args.repeats, args.warmup)

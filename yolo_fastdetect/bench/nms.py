@@ -80,9 +80,11 @@ def bench_operator(device: str, dtype: torch.dtype, repeats: int, batches: list[
                 agreement = _agreement(non_max_suppression(prediction, **kwargs),
                                        stock_non_max_suppression(prediction, **kwargs))
                 stock_ms = single_call_median_ms(
-                    lambda: stock_non_max_suppression(prediction, **kwargs), device, repeats
+                    lambda p=prediction, k=kwargs: stock_non_max_suppression(p, **k), device, repeats
                 )
-                ours_ms = single_call_median_ms(lambda: non_max_suppression(prediction, **kwargs), device, repeats)
+                ours_ms = single_call_median_ms(
+                    lambda p=prediction, k=kwargs: non_max_suppression(p, **k), device, repeats
+                )
                 print(f"| {batch} | {candidates} | {name} (conf {conf}) | {stock_ms:.3f} | {ours_ms:.3f} | "
                       f"{stock_ms / ours_ms:.1f}x | {agreement} |", flush=True)
 
@@ -126,7 +128,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64], help="batch sizes (default 1 16 64)")
     parser.add_argument("--candidates", type=int, nargs="+", default=[100, 3000],
                         help="candidates per image above conf 0.25 (default 100 3000)")
-    # Stock takes 3-3.6 s a call for val at batch 64 on the H200: an A/B of our kernels can leave those rows out.
+    # Stock takes seconds a call for val at batch 64: an A/B of our kernels can leave those rows out.
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS),
                         help="NMS settings to time (default predict val)")
     parser.add_argument("--skip-predict", action="store_true", help="only time the function")
@@ -135,7 +137,9 @@ def main(argv: list[str]) -> None:
     try:  # imported before stock runs, so that stock NMS uses torchvision's kernel, as in a typical process
         import torchvision  # noqa: F401
     except ImportError:
-        raise SystemExit("yolo-fastdetect bench nms times stock NMS with torchvision's kernel: pip install torchvision")
+        raise SystemExit(
+            "yolo-fastdetect bench nms times stock NMS with torchvision's kernel: pip install torchvision"
+        ) from None
     device = args.device if args.device != "cuda" else "cuda:0"
     if device.startswith("cuda"):
         print(f"GPU: {torch.cuda.get_device_name(torch.device(device))}, torch {torch.__version__}")

@@ -162,10 +162,11 @@ def main(argv: list[str]) -> None:
                 features = torch.randn(shape, generator=generator).to(device=device, dtype=dtype)
                 features = features.contiguous(memory_format=layout).requires_grad_(True)
                 theirs = forward_and_backward(
-                    lambda f=features, r=rois: torchvision.ops.roi_align(f, r, size, scale, ratio, True), [features]
+                    lambda f=features, r=rois, s=scale: torchvision.ops.roi_align(f, r, size, s, ratio, True),
+                    [features],
                 )
                 ours = forward_and_backward(
-                    lambda f=features, r=rois: roi_align(f, r, size, scale, ratio, "avg", True), [features]
+                    lambda f=features, r=rois, s=scale: roi_align(f, r, size, s, ratio, "avg", True), [features]
                 )
                 case = f"roi_align {name}{' channels_last' if layout is torch.channels_last else ''}"
                 rows += measure(case, dtype, theirs, ours)
@@ -182,8 +183,10 @@ def main(argv: list[str]) -> None:
         their_module = torchvision.ops.MultiScaleRoIAlign(["p3", "p4", "p5"], size, ratio)
         named = OrderedDict(zip(["p3", "p4", "p5"], pyramid))
         our_module = MultiScaleRoIAlign(size, (8, 16, 32), ratio, aligned=False)
-        theirs = forward_and_backward(lambda: their_module(named, boxes, [(IMAGE_SIZE, IMAGE_SIZE)] * 4), pyramid)
-        ours = forward_and_backward(lambda: our_module(pyramid, boxes), pyramid)
+        theirs = forward_and_backward(
+            lambda m=their_module, n=named, b=boxes: m(n, b, [(IMAGE_SIZE, IMAGE_SIZE)] * 4), pyramid
+        )
+        ours = forward_and_backward(lambda m=our_module, p=pyramid, b=boxes: m(p, b), pyramid)
         rows += measure("MultiScaleRoIAlign P3-P5 (4, 256)", dtype, theirs, ours)
 
     if args.profile:

@@ -106,9 +106,9 @@ def run(args) -> dict:
         ray.init(num_gpus=gpus if not os.environ.get("RAY_ADDRESS") else None, include_dashboard=False,
                  runtime_env={"env_vars": {TIMES_VARIABLE: str(times)}})
         ray.data.DataContext.get_current().enable_progress_bars = False
-        # The cluster's first run, left out of the medians as model.predict's first pass is: at 2de059b (H200, 12288
-        # 720p JPEGs) it took 44.1 s with decode=tasks, its second 26.9 s (and as half of the median: 517 and 1127
-        # img/s steady, 73 % of model.predict where the second alone was 100 %).
+        # The cluster's first run, left out of the medians as model.predict's first pass is: it is much slower than
+        # the next, and as half of a median it pulled the steady rate well below model.predict's where the second run
+        # alone matched it (see benchmarks/RESULTS.md, Scale-out on Ray Data).
         first_seconds, first_steady, _ = dataset_run(model, str(root / "images"), root / "out_first", args.batch,
                                                      gpus, args.decode[0], ray_options, times)
         print(f"  the cluster's first run (decode={args.decode[0]}, not in the medians): {first_seconds:.1f} s, "
@@ -123,7 +123,8 @@ def run(args) -> dict:
                 detections[decode] = compare(boxes, stock)
                 runs[decode]["seconds"].append(seconds)
                 runs[decode]["steady"].append(steady)
-                # Each run as it ends: a call cut short by a time limit keeps what finished (32af191 lost its table).
+                # Each run as it ends: a call cut short by a time limit keeps what finished (a table printed only at
+                # the end was lost with it).
                 same = detections[decode]["same_paths"] and detections[decode]["same_counts"]
                 print(f"  decode={decode} repeat {repeat + 1}: {seconds:.1f} s, {steady:.1f} images/s steady; same "
                       f"paths and box counts as model.predict: {same}, max box diff "
@@ -166,7 +167,8 @@ def markdown(result: dict, args) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="yolo-fastdetect bench scale", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="yolov8s.yaml")
-    # H200, one GPU actor: 12288 720p images take ~12 s beyond the ~12-18 s fixed cost.
+    # One GPU actor: 12288 720p images take about as long as the run's fixed cost (see benchmarks/RESULTS.md,
+    # Scale-out on Ray Data).
     parser.add_argument("--images", type=int, default=12288)
     parser.add_argument("--sizes", nargs="+", default=["1280x720"], help="image sizes WxH, cycled")
     parser.add_argument("--imgsz", type=int, default=640)

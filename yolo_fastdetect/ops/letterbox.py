@@ -176,13 +176,13 @@ def _value_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 
 
 # Host staging: numpy images are copied into one pinned buffer, in pieces of about _PIECE_BYTES, and each piece is sent
-# to the GPU as soon as it is filled, so the host copies and the PCIe transfer overlap. Measured on the H200's host
-# (bus.jpg / zidane.jpg, 2.6-2.8 MB each, the letterbox operator end to end):
+# to the GPU as soon as it is filled, so the host copies and the PCIe transfer overlap. Measured (the letterbox
+# operator end to end, see benchmarks/RESULTS.md, Letterbox preprocessing):
 # - one piece (batch 1 of an image up to 4 MB): the pack_images operator on this thread, over at most four threads
-#   (csrc/letterbox/pack_images_cpu.cpp): median 0.36 ms a call, against 0.78 through the pool below, whose one
-#   thread copies it with numpy at about 10 GB/s;
-# - several pieces: the pool fills them at once, numpy's copy releasing the GIL: 64 images in 7.6 ms, against
-#   10.7 with pack_images filling them one after the other.
+#   (csrc/letterbox/pack_images_cpu.cpp), about twice as fast as the pool below, whose one thread copies it with
+#   numpy;
+# - several pieces: the pool fills them at once, numpy's copy releasing the GIL, faster than pack_images filling
+#   them one after the other.
 _PIECE_BYTES = 4 << 20
 _STAGING_THREADS = min(8, os.cpu_count() or 1)
 _staging_pool: ThreadPoolExecutor | None = None

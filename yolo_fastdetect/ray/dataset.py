@@ -167,11 +167,10 @@ def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, 
     one CPU each, ahead of the actors: Ray spreads the decoding over every CPU of the cluster (CPU-only nodes included),
     and a GPU actor's process only predicts, its GIL the model's. ``decode="actor"`` decodes in the actor, on
     ``decode_threads`` threads: only paths (or file bytes) travel between processes, not decoded images (several times
-    the size of the JPEGs), but the decoder threads share the actor's GIL with its predict thread (one H200, 16 cores,
-    batch 64 of 720p JPEGs: the actor's ``model.predict`` took 87 ms a batch against 52 ms in a process of its own).
-    Measured on one H200 (12288 720p JPEGs, batch 64; warm runs of the cluster on three machines, 2de059b-81913a7):
-    with tasks 1107-1127 img/s steady (``model.predict`` on the same folder 1123-1298), in the actor 802-831 img/s.
-    The cluster's first run, with tasks, was slower (517-647 img/s).
+    the size of the JPEGs), but the decoder threads share the actor's GIL with its predict thread, which slows the
+    actor's ``model.predict`` against a process of its own. Measured on one GPU, tasks ran near ``model.predict`` on
+    the same folder and well ahead of decoding in the actor; the cluster's first run, with tasks, was slower (see
+    benchmarks/RESULTS.md, Scale-out on Ray Data).
 
     Args:
         model: A weights file or model name/YAML (every node must be able to read the file), or a ``YOLO`` object.
@@ -240,8 +239,8 @@ def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, 
         # decode task's output block is then an actor's batch as it is, its images read in place from the object
         # store (checked on a local cluster: the batch's memory was the store's /dev/shm mapping). from_items(
         # override_num_blocks=) splits evenly (13 paths at batch 4: 3, 3, 3, 4 rows), and a batch cut across two
-        # blocks was a copy in the actor; its default blocks (~10 rows) left most batches short of batch_size (H200,
-        # 2048 720p JPEGs, one GPU actor: 286-359 img/s with them, 619 with one block per batch).
+        # blocks was a copy in the actor; its default blocks (~10 rows) left most batches short of batch_size, at
+        # about half the rate of one block per batch (see benchmarks/RESULTS.md, Scale-out on Ray Data).
         dataset = ray.data.from_blocks([pa.table({"path": pa.array(todo[start:start + batch_size], pa.string())})
                                         for start in range(0, len(todo), batch_size)])
         # No limit on a block's size in this pipeline: Ray splits a block of over 1.5 times its 128 MiB target (a
@@ -254,7 +253,7 @@ def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, 
             decode_batch,
             # A path loads on the driver for its channels: once, as on an actor. Decoding yields the CPU to a GPU actor,
             # as model.predict's decoder threads yield to its predicting thread (sources.prefetch). Measured no
-            # different (H200, bench scale, tasks steady: 1106 img/s with it, 1126 without at b6a98f0 and 2de059b).
+            # different from without (see benchmarks/RESULTS.md, Scale-out on Ray Data).
             fn_kwargs={"channels": input_channels(model), "lower_priority": bool(gpus)},
             batch_size=batch_size,
             batch_format="numpy",

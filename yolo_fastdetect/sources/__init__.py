@@ -21,11 +21,11 @@ Settings (environment variables, read when a loader is made):
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
+from .. import config
 from .files import FileLoader
 from .path_list import PathListLoader
 from .prefetch import OrderedPrefetch
@@ -42,39 +42,24 @@ LIST_OPENCV_VARIABLE = "YOLO_FASTDETECT_LIST_OPENCV"
 UPLOAD_AHEAD_VARIABLE = "YOLO_FASTDETECT_UPLOAD_AHEAD"
 GPU_JPEG_VARIABLE = "YOLO_FASTDETECT_GPU_JPEG"
 DECODER_NICE_VARIABLE = "YOLO_FASTDETECT_DECODER_NICE"
-# Upload-ahead pays where the predictor's thread bounds the pipeline, and costs where the decoders do (they take on
-# the copies). H200, 256 JPEGs up to 4K and a 720p clip, 15 decoder threads, with / without: folder batch 1 217 / 195
-# img/s, video batch 1 293 / 238 FPS; folder batch 16 428 / 413, batch 64 446 / 503, list batch 64 449 / 465, video
-# batch 8 614 / 837 (its one reader thread bounds it). So batch 1 only.
+# Upload-ahead pays where the predictor's thread bounds the pipeline (batch 1, a folder or a video), and costs where
+# the decoders do, since they take on the copies (larger batches; a video at batch 8, which its one reader thread
+# bounds). So batch 1 only (see benchmarks/RESULTS.md, File sources).
 UPLOAD_AHEAD_MAX_BATCH = 1
 
 # What check_source treats as a stream, a URL or a screenshot rather than a local file.
 _STREAM_PREFIXES = ("rtsp://", "rtmp://", "tcp://", "http://", "https://")
 
 
-def _positive_int(variable: str, default: int) -> int:
-    value = os.environ.get(variable)
-    if value is None or value == "":
-        return default
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise ValueError(f"yolo_fastdetect: {variable} must be a positive integer, got {value!r}")
-    return number
-
-
 def decode_threads() -> int:
     """Decoder threads: ``YOLO_FASTDETECT_DECODE_THREADS``, else the cores this process may run on, less one (the
     predictor's thread), at least one."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return _positive_int(THREADS_VARIABLE, max(1, cores - 1))
+    return config.get(THREADS_VARIABLE)
 
 
 def read_ahead() -> int:
     """Batches decoded ahead of the predictor: ``YOLO_FASTDETECT_READ_AHEAD``, default 2."""
-    return _positive_int(READ_AHEAD_VARIABLE, 2)
+    return config.get(READ_AHEAD_VARIABLE)
 
 
 def _is_local_path(source: object) -> bool:
@@ -102,18 +87,18 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3,
         >>> file_loader(0) is None  # a webcam stays stock
         True
     """
-    if os.environ.get(SOURCES_VARIABLE, "1") == "0":
+    if not config.get(SOURCES_VARIABLE):
         return None
-    upload = batch <= UPLOAD_AHEAD_MAX_BATCH and os.environ.get(UPLOAD_AHEAD_VARIABLE, "1") != "0"
-    nice = device is not None and os.environ.get(DECODER_NICE_VARIABLE, "1") != "0"
+    upload = batch <= UPLOAD_AHEAD_MAX_BATCH and config.get(UPLOAD_AHEAD_VARIABLE)
+    nice = device is not None and config.get(DECODER_NICE_VARIABLE)
     options = {"batch": batch, "channels": channels, "threads": decode_threads(), "read_ahead": read_ahead(),
                "upload_to": device if upload else None, "lower_priority": nice}
     if _is_local_path(source):
-        gpu_jpeg = device if os.environ.get(GPU_JPEG_VARIABLE, "0") == "1" else None
+        gpu_jpeg = device if config.get(GPU_JPEG_VARIABLE) else None
         return FileLoader(source, vid_stride=vid_stride, gpu_jpeg=gpu_jpeg, **options)
     if isinstance(source, (list, tuple)) and source and all(
         isinstance(item, Path) or (isinstance(item, str) and not item.lower().startswith(("http://", "https://")))
         for item in source
     ):
-        return PathListLoader(source, opencv_jpeg=os.environ.get(LIST_OPENCV_VARIABLE, "1") != "0", **options)
+        return PathListLoader(source, opencv_jpeg=config.get(LIST_OPENCV_VARIABLE), **options)
     return None

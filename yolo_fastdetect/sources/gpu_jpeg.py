@@ -1,10 +1,9 @@
 """Opt-in GPU JPEG decoding for file sources (``YOLO_FASTDETECT_GPU_JPEG=1``): nvJPEG through torchvision.
 
 At batch 16 and 64 the CPU decoders bound a folder's pipeline (``bench sources``). nvJPEG decodes a batch of
-baseline JPEGs on the GPU: on the H200, 2410 img/s for the benchmark's 256 JPEGs (640x480 to 4K), 1591 img/s with
-the copy back to the host that ``Results`` need, against 927 img/s for 15 CPU threads. Its IDCT and chroma
-upsampling differ from libjpeg-turbo's, so its pixels are not stock's (up to 39 levels apart there, 0.24 on
-average): the detections can differ, which is why it is opt-in.
+baseline JPEGs on the GPU, faster than the CPU threads even with the copy back to the host that ``Results`` need
+(see benchmarks/RESULTS.md, File sources). Its IDCT and chroma upsampling differ from libjpeg-turbo's, so its pixels
+are not stock's (up to tens of levels apart): the detections can differ, which is why it is opt-in.
 
 The decoder threads still read every file and probe its header; a baseline YCbCr JPEG without EXIF rotation that
 ends in its EOI marker comes back as its bytes (:class:`EncodedJpeg`), anything else (progressive, gray, CMYK,

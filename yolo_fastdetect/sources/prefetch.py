@@ -22,11 +22,9 @@ Item = TypeVar("Item")
 Result = TypeVar("Result")
 _END = object()  # no more items
 # Nice value the decoder threads of a GPU predictor add to their own (Linux). The predictor's thread holds the GIL
-# between its GPU calls; a decoder thread that preempts it on a busy CPU stalls every Python thread. H200 host, same
-# run at d4c927f, +5 against none: folder batch 64 535 vs 491 img/s (the loader alone 955 vs 908), batch 16 485 vs
-# 483; bench sources --nice-off at 2de059b: folder 429/481 vs 454/439 img/s at batch 16/64, list 465/464 vs 434/509
-# (no side ahead beyond the spread between runs). On a CPU predictor the network's own threads do the work, and
-# the decoders would only lose their share.
+# between its GPU calls; a decoder thread that preempts it on a busy CPU stalls every Python thread. Measured ahead
+# of no increment in one run, level within the spread between runs in another (see benchmarks/RESULTS.md, File
+# sources). On a CPU predictor the network's own threads do the work, and the decoders would only lose their share.
 DECODER_NICE_INCREMENT = 5
 
 
