@@ -117,3 +117,21 @@ def test_read_at_each_call(monkeypatch):
 def test_an_undeclared_name_is_a_key_error():
     with pytest.raises(KeyError):
         config.get("YOLO_FASTDETECT_NO_SUCH_SETTING")
+
+
+def test_a_bad_switch_at_import_warns_and_runs_stock():
+    """``import yolo_fastdetect`` never fails because of us: YOLO_FASTDETECT=true warns, names the variable and leaves
+    Ultralytics stock; ``info`` says why the patch is off."""
+    import subprocess
+    import sys
+
+    from conftest import subprocess_env
+
+    code = ("import warnings; warnings.simplefilter('always')\n"
+            "import yolo_fastdetect; from yolo_fastdetect.cli import patch_state\n"
+            "print(yolo_fastdetect.is_enabled(), patch_state())")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            env=subprocess_env(YOLO_FASTDETECT="true"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "False off (YOLO_FASTDETECT=true)"
+    assert "YOLO_FASTDETECT='true'" in result.stderr and "Ultralytics runs stock" in result.stderr

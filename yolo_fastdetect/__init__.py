@@ -125,5 +125,17 @@ def is_enabled() -> bool:
     return patches is not None and patches.applied()
 
 
-if config.get("YOLO_FASTDETECT"):
+def _switched_on() -> bool:
+    """``YOLO_FASTDETECT`` read at import: a value other than 0 or 1 warns and leaves Ultralytics stock, since an
+    import must not fail because of us."""
+    try:
+        return bool(config.get("YOLO_FASTDETECT"))
+    except config.ConfigError as error:
+        import warnings
+
+        warnings.warn(f"yolo_fastdetect: {error}; Ultralytics runs stock", RuntimeWarning, stacklevel=3)
+        return False
+
+
+if _switched_on():
     enable()

@@ -132,8 +132,8 @@ def patch_state() -> str:
             return (f"{state}; operators unavailable, so the Detect decode, NMS and letterbox run stock "
                     f"(log: {_ext._state['log']})")
         return state
-    if not yolo_fastdetect.config.get("YOLO_FASTDETECT"):
-        return "off (YOLO_FASTDETECT=0)"
+    if not yolo_fastdetect._switched_on():
+        return f"off (YOLO_FASTDETECT={os.environ.get('YOLO_FASTDETECT')})"
     from yolo_fastdetect import patches
 
     reasons = "; ".join(f"{name} {state}" for name, state in patches.states().items())
