@@ -4,7 +4,8 @@
 stock (streams, webcams, screenshots, URLs, in-memory images and tensors):
 
 - a path (image, video, folder, glob, ``.txt``/``.csv`` list of paths): :class:`FileLoader`;
-- a list or tuple of paths (``str`` or ``Path``): :class:`PathListLoader`.
+- a list or tuple of paths (``str`` or ``Path``): :class:`PathListLoader`; of video paths, :class:`VideoListLoader`
+  (every frame of every video, batched across the videos; a list that mixes videos and images raises ``ValueError``).
 
 Settings (environment variables, read when a loader is made):
 
@@ -31,9 +32,10 @@ from .path_list import PathListLoader
 from .prefetch import OrderedPrefetch
 from .upload import Uploads
 from .video import VideoReader
+from .video_list import VideoListLoader, is_video_list
 
-__all__ = ["FileLoader", "OrderedPrefetch", "PathListLoader", "Uploads", "VideoReader", "decode_threads", "file_loader",
-           "read_ahead"]
+__all__ = ["FileLoader", "OrderedPrefetch", "PathListLoader", "Uploads", "VideoListLoader", "VideoReader",
+           "decode_threads", "file_loader", "read_ahead"]
 
 SOURCES_VARIABLE = "YOLO_FASTDETECT_SOURCES"
 THREADS_VARIABLE = "YOLO_FASTDETECT_DECODE_THREADS"
@@ -115,5 +117,7 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3,
         isinstance(item, Path) or (isinstance(item, str) and not item.lower().startswith(("http://", "https://")))
         for item in source
     ):
+        if is_video_list(source):
+            return VideoListLoader(source, vid_stride=vid_stride, **options)
         return PathListLoader(source, opencv_jpeg=os.environ.get(LIST_OPENCV_VARIABLE, "1") != "0", **options)
     return None
