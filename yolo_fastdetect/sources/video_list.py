@@ -5,12 +5,15 @@ video is no image: ``UnidentifiedImageError``, or offline ``ModuleNotFoundError:
 loader drops frames of files. :class:`VideoListLoader` reads each video with :class:`.VideoReader` (stock's frame
 rules: ``vid_stride`` grabs then one retrieve, the reported frame count) and batches across the videos.
 
-Order: the videos fill ``batch`` slots in list order. Each batch holds the next frame of each slot's video, in slot
-order; a video that ends frees its slot for the next video of the list (at once, within the batch, where the video
-ended without a frame). At batch 1 that is video after video, as stock reads a folder. Each frame's path is its
-video's absolute path (as stock names a video) and its ``info`` string is stock's ``video i/n (frame f/F) path: ``,
-``i`` the video's place in the list; the loader's ``frame``, ``frames`` and ``fps`` are those of the batch's last
-frame (each frame's own are in its ``info``). A saved video takes the ``fps`` current when its first frame is saved.
+Order: the videos fill ``batch`` slots in list order, and a video that ends frees its slot for the next video of
+the list. A batch holds the next frame of each slot's video, in slot order, of one frame size (so that each frame is
+letterboxed exactly as stock letterboxes its video alone): the size of the next frame of the slot whose turn it is.
+The turn starts at the first slot and passes, after each batch, to the next slot (in slot order, going round) that
+the batch left out. Videos of one size thus advance together, a frame each per batch, and the sizes take turns. At
+batch 1 that is video after video, as stock reads a folder. Each frame's path is its video's absolute path (as stock
+names a video) and its ``info`` string is stock's ``video i/n (frame f/F) path: ``, ``i`` the video's place in the
+list; the loader's ``frame``, ``frames`` and ``fps`` are those of the batch's last frame (each frame's own are in its
+``info``). A saved video takes the ``fps`` current when its first frame is saved.
 
 Decoding: one :class:`.VideoReader` thread per open video, each at most ``read_ahead`` frames ahead, and the
 ``read_ahead`` next videos opened ahead of their slots; so at most ``batch + read_ahead`` videos are open at once and
@@ -37,7 +40,7 @@ from ultralytics.data.loaders import LoadImagesAndVideos, SourceTypes
 from ultralytics.data.utils import IMG_FORMATS, VID_FORMATS
 
 from .upload import loader_uploads
-from .video import VIDEO_END, VideoReader, VideoStart
+from .video import VIDEO_END, VideoFrame, VideoReader, VideoStart
 
 
 def _suffix(path: str | Path) -> str:
@@ -65,13 +68,15 @@ def is_video_list(paths: Sequence[str | Path]) -> bool:
 
 @dataclass
 class _OpenVideo:
-    """A video in a slot: its place in the list, reader and stock's counters."""
+    """A video in a slot: its place in the list, reader, stock's counters and its next frame, read ahead of the batch
+    that takes it (its size picks the batch)."""
 
     index: int
     reader: VideoReader
     fps: float = 0.0
     frames: int = 0
     frame: int = 0
+    next: VideoFrame | None = None
 
 
 class VideoListLoader(LoadImagesAndVideos):
@@ -115,13 +120,14 @@ class VideoListLoader(LoadImagesAndVideos):
         self._slots: list[_OpenVideo | None] = []
         self._ahead: deque[_OpenVideo] = deque()
         self._next_index = 0
+        self._turn = 0
         self._failed: list[str] = []
 
     def __iter__(self) -> VideoListLoader:
         self.close()
         self.count = 0
         self._slots = [None] * min(self.bs, self.nf)
-        self._next_index = 0
+        self._next_index, self._turn = 0, 0
         self._failed = []
         self._open_ahead()
         return self
@@ -136,7 +142,8 @@ class VideoListLoader(LoadImagesAndVideos):
             self._next_index += 1
 
     def _next_video(self) -> _OpenVideo | None:
-        """The next video that opens, its counters set; None when none is left. One that does not open is noted."""
+        """The next video that opens and has a frame, its counters and first frame set; None when none is left. One
+        that does not open is noted; one without a frame counts as read."""
         while self._ahead:
             video = self._ahead.popleft()
             self._open_ahead()
@@ -146,45 +153,48 @@ class VideoListLoader(LoadImagesAndVideos):
                 self._failed.append(self.files[video.index])
                 continue
             video.fps, video.frames = start.fps, start.frames
-            return video
+            if self._advance(video):
+                return video
         return None
 
-    def __next__(self) -> tuple[list[str], list[np.ndarray], list[str]]:
-        paths, images, info = [], [], []
-        for slot in range(len(self._slots)):
-            while True:
-                video = self._slots[slot]
-                if video is None:
-                    video = self._slots[slot] = self._next_video()
-                    if video is None:
-                        break
-                item = video.reader.get()
-                if item is VIDEO_END:  # ended before its reported count: the next video takes the slot now
-                    self._retire(slot)
-                    continue
-                video.frame += 1
-                path = self.files[video.index]
-                paths.append(path)
-                images.append(item.image)
-                info.append(f"video {video.index + 1}/{self.nf} (frame {video.frame}/{video.frames}) {path}: ")
-                self.frame, self.frames, self.fps = video.frame, video.frames, video.fps
-                if item.last:
-                    self._retire(slot)
-                break
-        if paths:
-            return paths, images, info
-        failed = self._failed
-        self.close()
-        if failed:
-            names = ", ".join(failed)
-            raise FileNotFoundError(f"Failed to open video{'s' if len(failed) > 1 else ''} {names}")
-        raise StopIteration
+    def _advance(self, video: _OpenVideo) -> bool:
+        """Read ``video``'s next frame into ``video.next``; False (and the video released) when it has ended."""
+        item = video.reader.get() if video.next is None or not video.next.last else VIDEO_END
+        if item is VIDEO_END:
+            video.reader.close()
+            self.count += 1
+            return False
+        video.next = item
+        return True
 
-    def _retire(self, slot: int) -> None:
-        """A video ended: release it and free its slot."""
-        self._slots[slot].reader.close()
-        self._slots[slot] = None
-        self.count += 1
+    def __next__(self) -> tuple[list[str], list[np.ndarray], list[str]]:
+        for slot, video in enumerate(self._slots):
+            if video is None:
+                self._slots[slot] = self._next_video()
+        open_slots = [slot for slot, video in enumerate(self._slots) if video is not None]
+        if not open_slots:
+            failed = self._failed
+            self.close()
+            if failed:
+                raise FileNotFoundError(f"Failed to open video{'s' if len(failed) > 1 else ''} {', '.join(failed)}")
+            raise StopIteration
+        turn = next((slot for slot in open_slots if slot >= self._turn), open_slots[0])
+        shape = self._slots[turn].next.image.shape
+        taken = [slot for slot in open_slots if self._slots[slot].next.image.shape == shape]
+        others = [slot for slot in open_slots if slot not in taken]  # the turn passes to the next one of these
+        self._turn = next((slot for slot in others if slot > turn), others[0] if others else turn)
+        paths, images, info = [], [], []
+        for slot in taken:
+            video = self._slots[slot]
+            video.frame += 1
+            path = self.files[video.index]
+            paths.append(path)
+            images.append(video.next.image)
+            info.append(f"video {video.index + 1}/{self.nf} (frame {video.frame}/{video.frames}) {path}: ")
+            self.frame, self.frames, self.fps = video.frame, video.frames, video.fps
+            if not self._advance(video):
+                self._slots[slot] = None
+        return paths, images, info
 
     def close(self) -> None:
         """Stop the reader threads and release the videos (idempotent; the predictor calls it when it stops)."""
