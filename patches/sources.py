@@ -1,9 +1,10 @@
 """Patch ``DetectionPredictor.setup_source``: file sources read by :mod:`yolo_fastdetect.sources`, which decodes ahead
 on a pool of threads exactly as stock decodes them.
 
-File sources are an image, video, folder, glob, ``.txt``/``.csv`` list, or a Python list of paths; streams, URLs and
-in-memory inputs keep Ultralytics' loaders, and ``YOLO_FASTDETECT_SOURCES=0`` keeps them for everything. Where
-``preprocess`` letterboxes on the GPU (:mod:`.predictor`) the loader uploads the images ahead.
+File sources are an image, video, folder, glob, ``.txt``/``.csv`` list, or a Python list of paths (images, or videos:
+read batched across the videos, where stock cannot read a list of videos); streams, URLs and in-memory inputs keep
+Ultralytics' loaders, and ``YOLO_FASTDETECT_SOURCES=0`` keeps them for everything. Where ``preprocess`` letterboxes
+on the GPU (:mod:`.predictor`) the loader uploads the images ahead.
 
 The loaders subclass Ultralytics' ``LoadImagesAndVideos`` and ``LoadPilAndNumpy`` and decode with its ``imread``,
 ``autocast_list``, ``LoadPilAndNumpy._single_check`` and ``LoadImagesAndVideos._append_image``; the plan checks those

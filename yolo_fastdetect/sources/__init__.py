@@ -118,6 +118,6 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3,
         for item in source
     ):
         if is_video_list(source):
-            return VideoListLoader(source, vid_stride=vid_stride, **options)
+            return VideoListLoader(source, batch, vid_stride, channels, options["read_ahead"], options["upload_to"])
         return PathListLoader(source, opencv_jpeg=os.environ.get(LIST_OPENCV_VARIABLE, "1") != "0", **options)
     return None

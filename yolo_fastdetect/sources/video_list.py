@@ -39,7 +39,7 @@ import torch
 from ultralytics.data.loaders import LoadImagesAndVideos, SourceTypes
 from ultralytics.data.utils import IMG_FORMATS, VID_FORMATS
 
-from .upload import loader_uploads
+from .upload import Uploads
 from .video import VIDEO_END, VideoFrame, VideoReader, VideoStart
 
 
@@ -88,11 +88,8 @@ class VideoListLoader(LoadImagesAndVideos):
         batch (int): Batch size: videos read side by side.
         vid_stride (int): Video frame-rate stride.
         channels (int): Image channels of the model (1 grayscale, 3 BGR).
-        threads (int): Decoder threads of the other loaders: here only sizes :attr:`uploads` (one reader thread per
-            open video).
         read_ahead (int): Frames decoded ahead per video, and videos opened ahead of their slots.
         upload_to (torch.device | None): A CUDA device the reader threads upload the frames to (:mod:`.upload`).
-        lower_priority (bool): Unused (the readers keep the caller's priority, as :class:`.FileLoader`'s reader).
 
     Examples:
         >>> for paths, images, info in VideoListLoader(["a.mp4", "b.mp4"], batch=2):
@@ -100,8 +97,7 @@ class VideoListLoader(LoadImagesAndVideos):
     """
 
     def __init__(self, paths: Sequence[str | Path], batch: int = 1, vid_stride: int = 1, channels: int = 3,
-                 threads: int = 1, read_ahead: int = 2, upload_to: torch.device | None = None,
-                 lower_priority: bool = False):
+                 read_ahead: int = 2, upload_to: torch.device | None = None):
         # LoadImagesAndVideos.__init__ is not called: it sorts a list and opens its first video.
         files = []
         for p in paths:
@@ -116,7 +112,9 @@ class VideoListLoader(LoadImagesAndVideos):
         self.cv2_flag = {1: cv2.IMREAD_GRAYSCALE, 3: cv2.IMREAD_COLOR}.get(channels, cv2.IMREAD_UNCHANGED)
         self.cap, self.frame, self.frames, self.fps, self.count = None, 0, 0, 0.0, 0
         self.source_type = SourceTypes()  # frames carry their index in ``info``, as a file source's do
-        self.uploads = loader_uploads(upload_to, batch, threads, read_ahead)
+        # Frames uploaded ahead at most: per open video its queue and the frame read ahead; and the predictor's batches.
+        in_flight = (batch + read_ahead) * (read_ahead + 2) + 2 * batch
+        self.uploads = Uploads(upload_to, in_flight) if upload_to is not None else None
         self._slots: list[_OpenVideo | None] = []
         self._ahead: deque[_OpenVideo] = deque()
         self._next_index = 0
