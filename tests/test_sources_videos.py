@@ -24,6 +24,7 @@ from yolo_fastdetect.sources import video_list as video_list_module
 
 IMGSZ = 160
 TIMEOUT_S = 120  # a run that takes longer has hung
+THREAD_PREFIXES = ("yolo_fastdetect_decode", "yolo_fastdetect_video")  # the loaders' threads (not the predictor's)
 FRAME = re.compile(r"^video (\d+)/(\d+) \(frame (\d+)/(\d+)\) (.+?): ")  # stock's info string of a frame
 
 
@@ -44,7 +45,7 @@ def model():
 def nothing_left_running():
     yield
     yolo_fastdetect.enable()
-    assert [t.name for t in threading.enumerate() if t.name.startswith("yolo_fastdetect")] == []
+    assert [t.name for t in threading.enumerate() if t.name.startswith(THREAD_PREFIXES)] == []
 
 
 def within(seconds: float, function):
