@@ -195,3 +195,18 @@ def test_lists_that_stay_elsewhere(clips, tmp_path):
     assert isinstance(file_loader([str(image)]), PathListLoader)
     for source in ("list.streams", "rtsp://host/a.mp4", 0, ["https://host/a.mp4"]):
         assert file_loader(source) is None, source
+
+
+def test_open_videos_and_read_ahead_are_bounded(clips, monkeypatch):
+    """Many videos: at most ``batch + read_ahead`` readers (threads, open files) at once, every frame still read."""
+    monkeypatch.setenv("YOLO_FASTDETECT_READ_AHEAD", "2")
+    videos = [str(clips[0]), str(clips[2])] * 6
+    loader = file_loader(videos, batch=3)
+
+    def per_batch() -> list[tuple[int, int]]:  # (frames, reader threads alive)
+        return [(len(paths), sum(t.name == "yolo_fastdetect_video" for t in threading.enumerate()))
+                for paths, _, _ in loader]
+
+    counts = within(TIMEOUT_S, per_batch)
+    assert sum(frames for frames, _ in counts) == 6 * (12 + 8)
+    assert max(readers for _, readers in counts) <= 3 + 2
