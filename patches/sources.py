@@ -35,7 +35,7 @@ def setup_source(self: DetectionPredictor, source, stride: int | None = None) ->
     channels = getattr(self.model, "channels", 3)
     gpu_input = gpu_letterbox(self) and channels == 3 and not scale_fill(self)
     loader = file_loader(source, batch=self.args.batch, vid_stride=self.args.vid_stride, channels=channels,
-                         device=self.device if gpu_input else None)
+                         device=self.device if gpu_input else None, tracking=self.args.mode == "track")
     stock = PATCH.original("setup_source")
     # Stock takes a stride from 8.3.253 on (not 8.3.200), the source alone before.
     extra = (stride,) if stride is not None or "stride" in parameters(stock) else ()

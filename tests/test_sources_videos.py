@@ -210,3 +210,21 @@ def test_open_videos_and_read_ahead_are_bounded(clips, monkeypatch):
     counts = within(TIMEOUT_S, per_batch)
     assert sum(frames for frames, _ in counts) == 6 * (12 + 8)
     assert max(readers for _, readers in counts) <= 3 + 2
+
+
+def test_track_follows_one_video_at_a_time(model, clips):
+    """``model.track`` on a list of videos: Ultralytics resets its one tracker when the path changes, so the videos
+    are read one after another (even at batch 4), and each video's track IDs are stock's on that video alone."""
+    pytest.importorskip("lap", reason="Ultralytics' tracker needs lap")
+
+    def track_ids(source) -> list[tuple[str, list[int] | None]]:
+        model.predictor = None
+        return [(r.path, None if r.boxes.id is None else r.boxes.id.int().tolist())
+                for r in model.track(source, stream=True, imgsz=IMGSZ, batch=4)]
+
+    yolo_fastdetect.disable()
+    stock = [frame for clip in clips for frame in track_ids(str(clip))]
+    yolo_fastdetect.enable()
+    ours = within(TIMEOUT_S, lambda: track_ids([str(clip) for clip in clips]))
+    assert isinstance(model.predictor.dataset, VideoListLoader)
+    assert ours == stock and any(ids for _, ids in stock)

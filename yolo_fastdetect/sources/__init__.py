@@ -91,13 +91,14 @@ def _is_local_path(source: object) -> bool:
     return not (source.isnumeric() or lower.endswith(".streams") or lower.startswith(_STREAM_PREFIXES) or screenshot)
 
 
-def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3,
-                device: torch.device | None = None) -> FileLoader | PathListLoader | None:
+def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3, device: torch.device | None = None,
+                tracking: bool = False) -> FileLoader | PathListLoader | VideoListLoader | None:
     """The parallel loader for ``source``, or None where Ultralytics' own loader stays (not a file source, or
     ``YOLO_FASTDETECT_SOURCES=0``). Raises what stock raises for a missing path. ``device``: the CUDA device where the
     predictor letterboxes, if it does: the decoder threads then run below the predictor's priority (Linux, see
     :mod:`.prefetch`; not with ``YOLO_FASTDETECT_DECODER_NICE=0``) and upload the images there at batch 1 (unless
     ``YOLO_FASTDETECT_UPLOAD_AHEAD=0``), and with ``YOLO_FASTDETECT_GPU_JPEG=1`` a file source's JPEGs decode there.
+    ``tracking``: for ``model.track``, a list of videos is read one video at a time.
 
     Examples:
         >>> loader = file_loader("path/to/folder", batch=16)
@@ -118,6 +119,7 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3,
         for item in source
     ):
         if is_video_list(source):
-            return VideoListLoader(source, batch, vid_stride, channels, options["read_ahead"], options["upload_to"])
+            return VideoListLoader(source, batch, vid_stride, channels, options["read_ahead"], options["upload_to"],
+                                   side_by_side=1 if tracking else None)
         return PathListLoader(source, opencv_jpeg=os.environ.get(LIST_OPENCV_VARIABLE, "1") != "0", **options)
     return None

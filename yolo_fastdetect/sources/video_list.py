@@ -19,6 +19,9 @@ Decoding: one :class:`.VideoReader` thread per open video, each at most ``read_a
 ``read_ahead`` next videos opened ahead of their slots; so at most ``batch + read_ahead`` videos are open at once and
 the first batch comes before the last video is opened.
 
+Tracking (``model.track``) reads the videos one at a time, a frame per batch: Ultralytics' tracker follows one video
+and resets when the path changes, so interleaved videos would reset it at every frame.
+
 Bad input: a missing path raises stock's ``FileNotFoundError("... does not exist")``, and an empty (0-byte) file
 stock's ``FileNotFoundError("Failed to open video ...")``, both before any frame. A video that does not open (cut
 before its index, not a video) is left out while the others go on, and after their last frame one
@@ -90,6 +93,8 @@ class VideoListLoader(LoadImagesAndVideos):
         channels (int): Image channels of the model (1 grayscale, 3 BGR).
         read_ahead (int): Frames decoded ahead per video, and videos opened ahead of their slots.
         upload_to (torch.device | None): A CUDA device the reader threads upload the frames to (:mod:`.upload`).
+        side_by_side (int | None): Videos read side by side (slots), default ``batch``; 1 for a tracker, which
+            follows one video at a time (Ultralytics resets it when the path changes).
 
     Examples:
         >>> for paths, images, info in VideoListLoader(["a.mp4", "b.mp4"], batch=2):
@@ -97,7 +102,7 @@ class VideoListLoader(LoadImagesAndVideos):
     """
 
     def __init__(self, paths: Sequence[str | Path], batch: int = 1, vid_stride: int = 1, channels: int = 3,
-                 read_ahead: int = 2, upload_to: torch.device | None = None):
+                 read_ahead: int = 2, upload_to: torch.device | None = None, side_by_side: int | None = None):
         # LoadImagesAndVideos.__init__ is not called: it sorts a list and opens its first video.
         files = []
         for p in paths:
@@ -109,11 +114,12 @@ class VideoListLoader(LoadImagesAndVideos):
             files.append(path)
         self.files, self.nf, self.ni, self.video_flag = files, len(files), 0, [True] * len(files)
         self.mode, self.vid_stride, self.bs, self.read_ahead = "video", vid_stride, batch, read_ahead
+        self.side_by_side = side_by_side or batch
         self.cv2_flag = {1: cv2.IMREAD_GRAYSCALE, 3: cv2.IMREAD_COLOR}.get(channels, cv2.IMREAD_UNCHANGED)
         self.cap, self.frame, self.frames, self.fps, self.count = None, 0, 0, 0.0, 0
         self.source_type = SourceTypes()  # frames carry their index in ``info``, as a file source's do
         # Frames uploaded ahead at most: per open video its queue and the frame read ahead; and the predictor's batches.
-        in_flight = (batch + read_ahead) * (read_ahead + 2) + 2 * batch
+        in_flight = (self.side_by_side + read_ahead) * (read_ahead + 2) + 2 * batch
         self.uploads = Uploads(upload_to, in_flight) if upload_to is not None else None
         self._slots: list[_OpenVideo | None] = []
         self._ahead: deque[_OpenVideo] = deque()
@@ -124,7 +130,7 @@ class VideoListLoader(LoadImagesAndVideos):
     def __iter__(self) -> VideoListLoader:
         self.close()
         self.count = 0
-        self._slots = [None] * min(self.bs, self.nf)
+        self._slots = [None] * min(self.side_by_side, self.nf)
         self._next_index, self._turn = 0, 0
         self._failed = []
         self._open_ahead()
