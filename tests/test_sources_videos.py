@@ -228,3 +228,29 @@ def test_track_follows_one_video_at_a_time(model, clips):
     ours = within(TIMEOUT_S, lambda: track_ids([str(clip) for clip in clips]))
     assert isinstance(model.predictor.dataset, VideoListLoader)
     assert ours == stock and any(ids for _, ids in stock)
+
+
+def test_saved_videos_match_stock_per_video(model, clips, tmp_path):
+    """``save=True``: one video written per input video, as stock writes it on that video alone: the same names,
+    frame counts and frame rates (a 25 FPS clip of the 10 FPS clips' size takes batches of its own)."""
+    videos = [write_opencv(tmp_path / "fast.mp4", 9, 160, 120, start=1, fps=25), *clips]  # beside a, of its size
+    yolo_fastdetect.disable()
+    for video in videos:
+        model.predictor = None
+        list(model.predict(str(video), stream=True, imgsz=IMGSZ, batch=3, save=True, project=str(tmp_path),
+                           name="stock", exist_ok=True))
+    yolo_fastdetect.enable()
+    model.predictor = None
+    within(TIMEOUT_S, lambda: list(model.predict([str(v) for v in videos], stream=True, imgsz=IMGSZ, batch=3,
+                                                 save=True, project=str(tmp_path), name="ours")))
+
+    def saved(folder: Path) -> dict[str, tuple[int, float]]:
+        out = {}
+        for file in sorted(folder.iterdir()):
+            capture = cv2.VideoCapture(str(file))
+            out[file.name] = (int(capture.get(cv2.CAP_PROP_FRAME_COUNT)), capture.get(cv2.CAP_PROP_FPS))
+            capture.release()
+        return out
+
+    stock = saved(tmp_path / "stock")
+    assert saved(tmp_path / "ours") == stock and len(stock) == 4 and stock["fast.avi"][1] == 25

@@ -25,9 +25,10 @@ def panning_frames(frames: int, width: int, height: int, start: int = 0) -> list
     return [np.ascontiguousarray(strip[:, shift : shift + width]) for shift in shifts]
 
 
-def write_opencv(path: Path, frames: int, width: int, height: int, fourcc: str = "mp4v", start: int = 0) -> Path:
-    """A clip written by ``cv2.VideoWriter`` (``mp4v`` in .mp4, ``MJPG`` in .avi) at 10 FPS."""
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*fourcc), 10, (width, height))
+def write_opencv(path: Path, frames: int, width: int, height: int, fourcc: str = "mp4v", start: int = 0,
+                 fps: float = 10) -> Path:
+    """A clip written by ``cv2.VideoWriter`` (``mp4v`` in .mp4, ``MJPG`` in .avi)."""
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*fourcc), fps, (width, height))
     for image in panning_frames(frames, width, height, start):
         writer.write(image)
     writer.release()

@@ -6,14 +6,14 @@ loader drops frames of files. :class:`VideoListLoader` reads each video with :cl
 rules: ``vid_stride`` grabs then one retrieve, the reported frame count) and batches across the videos.
 
 Order: the videos fill ``batch`` slots in list order, and a video that ends frees its slot for the next video of
-the list. A batch holds the next frame of each slot's video, in slot order, of one frame size (so that each frame is
-letterboxed exactly as stock letterboxes its video alone): the size of the next frame of the slot whose turn it is.
-The turn starts at the first slot and passes, after each batch, to the next slot (in slot order, going round) that
-the batch left out. Videos of one size thus advance together, a frame each per batch, and the sizes take turns. At
-batch 1 that is video after video, as stock reads a folder. Each frame's path is its video's absolute path (as stock
-names a video) and its ``info`` string is stock's ``video i/n (frame f/F) path: ``, ``i`` the video's place in the
-list; the loader's ``frame``, ``frames`` and ``fps`` are those of the batch's last frame (each frame's own are in its
-``info``). A saved video takes the ``fps`` current when its first frame is saved.
+the list. A batch holds the next frame of each slot's video, in slot order, that share one frame size (so that each
+frame is letterboxed exactly as stock letterboxes its video alone) and one frame rate (the loader's ``fps``, which a
+saved video takes): those of the slot whose turn it is. The turn starts at the first slot and passes, after each
+batch, to the next slot (in slot order, going round) that the batch left out. Videos of one size and rate thus
+advance together, a frame each per batch, and the other sizes and rates take turns with them. At batch 1 that is
+video after video, as stock reads a folder. Each frame's path is its video's absolute path (as stock names a video)
+and its ``info`` string is stock's ``video i/n (frame f/F) path: ``, ``i`` the video's place in the list; the
+loader's ``frame`` and ``frames`` are those of the batch's last frame (each frame's own are in its ``info``).
 
 Decoding: one :class:`.VideoReader` thread per open video, each at most ``read_ahead`` frames ahead, and the
 ``read_ahead`` next videos opened ahead of their slots; so at most ``batch + read_ahead`` videos are open at once and
@@ -183,8 +183,8 @@ class VideoListLoader(LoadImagesAndVideos):
                 raise FileNotFoundError(f"Failed to open video{'s' if len(failed) > 1 else ''} {', '.join(failed)}")
             raise StopIteration
         turn = next((slot for slot in open_slots if slot >= self._turn), open_slots[0])
-        shape = self._slots[turn].next.image.shape
-        taken = [slot for slot in open_slots if self._slots[slot].next.image.shape == shape]
+        group = self._group(self._slots[turn])
+        taken = [slot for slot in open_slots if self._group(self._slots[slot]) == group]
         others = [slot for slot in open_slots if slot not in taken]  # the turn passes to the next one of these
         self._turn = next((slot for slot in others if slot > turn), others[0] if others else turn)
         paths, images, info = [], [], []
@@ -199,6 +199,12 @@ class VideoListLoader(LoadImagesAndVideos):
             if not self._advance(video):
                 self._slots[slot] = None
         return paths, images, info
+
+    @staticmethod
+    def _group(video: _OpenVideo) -> tuple:
+        """What the frames of one batch share: their size (the letterbox) and their video's frame rate (``fps``, which
+        a saved video takes)."""
+        return video.next.image.shape, video.fps
 
     def close(self) -> None:
         """Stop the reader threads and release the videos (idempotent; the predictor calls it when it stops)."""
