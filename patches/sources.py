@@ -1,9 +1,10 @@
 """Patch ``DetectionPredictor.setup_source``: file sources read by :mod:`yolo_fastdetect.sources`, which decodes ahead
 on a pool of threads exactly as stock decodes them.
 
-File sources are an image, video, folder, glob, ``.txt``/``.csv`` list, or a Python list of paths; streams, URLs and
-in-memory inputs keep Ultralytics' loaders, and ``YOLO_FASTDETECT_SOURCES=0`` keeps them for everything. Where
-``preprocess`` letterboxes on the GPU (:mod:`.predictor`) the loader uploads the images ahead.
+File sources are an image, video, folder, glob, ``.txt``/``.csv`` list, or a Python list of paths (images, or videos:
+read batched across the videos, where stock cannot read a list of videos); streams, URLs and in-memory inputs keep
+Ultralytics' loaders, and ``YOLO_FASTDETECT_SOURCES=0`` keeps them for everything. Where ``preprocess`` letterboxes
+on the GPU (:mod:`.predictor`) the loader uploads the images ahead.
 
 The loaders subclass Ultralytics' ``LoadImagesAndVideos`` and ``LoadPilAndNumpy`` and decode with its ``imread``,
 ``autocast_list``, ``LoadPilAndNumpy._single_check`` and ``LoadImagesAndVideos._append_image``; the plan checks those
@@ -34,7 +35,7 @@ def setup_source(self: DetectionPredictor, source, stride: int | None = None) ->
     channels = getattr(self.model, "channels", 3)
     gpu_input = gpu_letterbox(self) and channels == 3 and not scale_fill(self)
     loader = file_loader(source, batch=self.args.batch, vid_stride=self.args.vid_stride, channels=channels,
-                         device=self.device if gpu_input else None)
+                         device=self.device if gpu_input else None, tracking=self.args.mode == "track")
     stock = PATCH.original("setup_source")
     # Stock takes a stride from 8.3.253 on (not 8.3.200), the source alone before.
     extra = (stride,) if stride is not None or "stride" in parameters(stock) else ()

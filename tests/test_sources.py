@@ -197,8 +197,7 @@ def test_missing_and_unreadable_paths_raise_as_stock(model, corpus, tmp_path):
         "empty folder": str(tmp_path),
         "missing file in a list": [str(corpus / "a_baseline.jpg"), str(tmp_path / "missing.jpg")],
         "unreadable file in a list": [str(corpus / "a_baseline.jpg"), str(corpus / "h_broken.jpg")],
-        "video in a list": [str(corpus / "v1_clip.mp4")],
-    }
+    }  # a list of videos, which stock cannot read, is read by VideoListLoader: test_sources_videos.py
     for case, source in cases.items():
         errors = []
         for enable in (False, True):

@@ -17,10 +17,12 @@ Examples:
 
 from __future__ import annotations
 
-from .dataset import Summary, decode_mode, image_paths, predict_dataset, written
+from .dataset import Summary, decode_mode, predict_dataset, source_paths, written
 from .decode import decode_batch, decode_bytes, decode_rows
 from .predictor import Predictor, input_channels, shippable
 from .records import SUPPORTED_TASKS, schema, to_table
+from .videos import VideoPredictor
 
-__all__ = ["SUPPORTED_TASKS", "Predictor", "Summary", "decode_batch", "decode_bytes", "decode_mode", "decode_rows",
-           "image_paths", "input_channels", "predict_dataset", "schema", "shippable", "to_table", "written"]
+__all__ = ["SUPPORTED_TASKS", "Predictor", "Summary", "VideoPredictor", "decode_batch", "decode_bytes", "decode_mode",
+           "decode_rows", "input_channels", "predict_dataset", "schema", "shippable", "source_paths", "to_table",
+           "written"]

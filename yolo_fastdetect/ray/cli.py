@@ -9,11 +9,12 @@ from __future__ import annotations
 
 USAGE = """\
 usage: yolo-fastdetect predict-many model=MODEL source=SOURCE output=FOLDER [key=value ...]
-  Predict every image of SOURCE (a folder, glob, .txt list of paths or image) on Ray, one actor per GPU, and write
-  one row per image (path, size, boxes, scores, classes, error) to FOLDER as Parquet; re-running skips the images
-  already written there. RAY_ADDRESS=host:port connects to a running cluster; without it a local one starts.
+  Predict every image and video frame of SOURCE (a folder, glob, .txt list of paths, image or video) on Ray, one
+  actor per GPU, and write one row per image or frame (path, frame, size, boxes, scores, classes, error) to FOLDER
+  as Parquet, each video one task; re-running skips the images and videos already written there.
+  RAY_ADDRESS=host:port connects to a running cluster; without it a local one starts.
   keys of its own:
-    batch=64          images per batch on an actor
+    batch=64          images per batch on an actor (a video's frames per forward pass)
     num_gpus=N        GPUs to use, one actor each (default: all of the cluster; 0: CPU actors)
     cpu_actors=1      actors when no GPU is used
     format=parquet    or json (JSON lines)

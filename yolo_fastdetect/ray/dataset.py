@@ -1,6 +1,9 @@
 """``predict_dataset``: the common case in one call. Files (or a Ray Dataset of rows) in, a folder of detections
 out (Parquet, or JSON lines), one actor per GPU, resumable.
 
+Videos (of a folder, glob, ``.txt`` list or list of paths) run before the images, each video one task of an actor
+(:class:`~.videos.VideoPredictor`): one row per frame, and resume skips the videos already in the output.
+
 The work is Ray Data's: ``map_batches`` decodes the files in Ray tasks ahead of the actors
 (:func:`~.decode.decode_batch`; or, with ``decode="actor"``, in the actors), runs :class:`~.predictor.Predictor` on
 a fixed pool of actors (one per GPU, ``num_gpus=1`` each; or CPU actors), streams batches through them and writes
@@ -23,6 +26,7 @@ import pyarrow.compute as pc
 
 from .decode import decode_batch
 from .predictor import Predictor, input_channels, shippable
+from .videos import VideoPredictor
 
 LOGGER = logging.getLogger(__name__)
 
@@ -36,7 +40,7 @@ class Summary:
     """What one :func:`predict_dataset` call did.
 
     Attributes:
-        images (int): Images (rows) written by this call, failures included.
+        images (int): Images and video frames (rows) written by this call, failures included.
         detections (int): Boxes in those rows.
         failures (int): Rows with an ``error`` (files that were missing or did not decode).
         already_written (int): Rows in the output before this call (resume): their images were not predicted again.
@@ -65,32 +69,35 @@ class Summary:
                 f"{self.already_written} already in the output before")
 
 
-def image_paths(source: str | Path | list | tuple) -> list[str]:
-    """The image files of ``source``: a folder, a glob, a ``.txt`` list of paths or one image (listed as
-    ``model.predict`` lists them, in its order), or a list/tuple of paths (kept as given: a missing one becomes an
-    error row).
+def source_paths(source: str | Path | list | tuple) -> tuple[list[str], list[str]]:
+    """The image files and the video files of ``source``: a folder, a glob, a ``.txt`` list of paths or one file
+    (listed as ``model.predict`` lists them, in its order), or a list/tuple of paths (kept as given, videos told by
+    their suffix: a missing one becomes an error row).
 
     Examples:
-        >>> image_paths("path/to/folder")[:1]
-        ['path/to/folder/a.jpg']
+        >>> source_paths("path/to/folder")
+        (['path/to/folder/a.jpg'], ['path/to/folder/clip.mp4'])
     """
     if isinstance(source, (list, tuple)):
         bad = next((item for item in source if not isinstance(item, (str, Path))), None)
         if bad is not None:
             raise TypeError(f"predict_dataset: source list items must be paths (str or Path), got {type(bad).__name__}")
-        return [os.fspath(item) for item in source]
+        from ultralytics.data.utils import VID_FORMATS
+
+        paths = [os.fspath(item) for item in source]
+        videos = [path for path in paths if path.rpartition(".")[-1].lower() in VID_FORMATS]  # as stock tells them
+        return [path for path in paths if path not in set(videos)], videos
     if not isinstance(source, (str, Path)):
         raise TypeError(f"predict_dataset: source must be a folder, glob, .txt list, image path, list of paths or "
                         f"ray.data.Dataset, got {type(source).__name__}")
     from ultralytics.data.loaders import LoadImagesAndVideos
 
-    listing = LoadImagesAndVideos(os.fspath(source))  # stock's listing and its FileNotFoundError for a bad path
-    if listing.cap:
-        listing.cap.release()
-    if listing.nf > listing.ni:
-        raise ValueError(f"predict_dataset: source {source} holds {listing.nf - listing.ni} video(s), e.g. "
-                         f"{listing.files[listing.ni]}; only images are supported (predict videos with model.predict)")
-    return listing.files[: listing.ni]
+    class Listing(LoadImagesAndVideos):
+        def _new_video(self, path: str) -> None:  # list only: a first video that does not open is its own error row
+            self.cap = None
+
+    listing = Listing(os.fspath(source))  # stock's listing and its FileNotFoundError for a bad path
+    return listing.files[: listing.ni], listing.files[listing.ni :]
 
 
 def written(output: Path, output_format: str = "parquet") -> pa.Table:
@@ -151,15 +158,44 @@ def decode_mode(decode: str | None, decode_threads: int | None, cluster_cpus: fl
     return decode
 
 
+def _summary(before: pa.Table, after: pa.Table, seconds: float, actors: int, gpus: int) -> Summary:
+    """What a run added to the output: the :func:`written` tables before and after it."""
+    (rows, boxes, failures), (rows_before, boxes_before, failures_before) = _counts(after), _counts(before)
+    return Summary(rows - rows_before, boxes - boxes_before, failures - failures_before, rows_before, seconds, actors,
+                   bool(gpus))
+
+
 def _check_positive(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"predict_dataset: {name} must be a positive integer, got {value!r}")
 
 
+def _predict_videos(videos: list[str], model, output: Path, output_format: str, gpus: int, actors: int,
+                    batch_size: int, predict_args: dict) -> None:
+    """Write the rows of ``videos`` to ``output``: each video one block of one row, one task of a
+    :class:`~.videos.VideoPredictor` actor (``batch_size`` frames per forward pass), its rows one block out."""
+    import ray.data
+
+    dataset = ray.data.from_blocks([pa.table({"path": pa.array([video], pa.string())}) for video in videos])
+    dataset.context.target_max_block_size = None  # a video's rows stay one block, so one file: resume per video
+    rows = dataset.map_batches(
+        VideoPredictor,
+        fn_constructor_args=(model,),
+        fn_constructor_kwargs={"device": None if gpus else "cpu", "batch": batch_size, **predict_args},
+        batch_size=1,
+        batch_format="numpy",
+        num_cpus=1,
+        num_gpus=1 if gpus else None,
+        compute=ray.data.ActorPoolStrategy(size=actors),
+    )
+    getattr(rows, f"write_{output_format}")(str(output))
+
+
 def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, num_gpus: int | None = None,
                     cpu_actors: int = 1, output_format: str = "parquet", decode: str | None = None,
                     decode_threads: int | None = None, **predict_args) -> Summary:
-    """Predict every image of ``source`` on a Ray cluster and write one row per image to ``output``.
+    """Predict every image and video frame of ``source`` on a Ray cluster and write one row per image or frame to
+    ``output``.
 
     Connects to the running cluster (``RAY_ADDRESS``, or a ``ray.init`` already made) or starts a local one.
 
@@ -174,11 +210,12 @@ def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, 
 
     Args:
         model: A weights file or model name/YAML (every node must be able to read the file), or a ``YOLO`` object.
-        source: A folder, glob, ``.txt`` list of paths or image file, a list/tuple of paths, or a
-            ``ray.data.Dataset`` with a ``path`` column (and optionally ``bytes``: e.g.
-            ``ray.data.read_binary_files(uri, include_paths=True)`` for files that only the cluster can read).
-        output: Folder of the results (created; files already there are kept and their images skipped).
-        batch_size (int): Images per batch on an actor.
+        source: A folder, glob, ``.txt`` list of paths or image or video file, a list/tuple of paths (videos told
+            by their suffix; each video one task, see the module docstring), or a ``ray.data.Dataset`` of images
+            with a ``path`` column (and optionally ``bytes``: e.g. ``ray.data.read_binary_files(uri,
+            include_paths=True)`` for files that only the cluster can read).
+        output: Folder of the results (created; files already there are kept and their images and videos skipped).
+        batch_size (int): Images per batch on an actor; a video's frames per forward pass.
         num_gpus (int, optional): GPUs to use, one actor each; default every GPU of the cluster. 0 (or a cluster
             without GPUs): ``cpu_actors`` actors on the CPU.
         cpu_actors (int): Actors when no GPU is used.
@@ -212,7 +249,7 @@ def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, 
     decode_mode(decode, decode_threads, cluster_cpus=float("inf"), actors=1)
     get_cfg(overrides=predict_args)  # Ultralytics' own error for an argument it does not know, before any work
     model = shippable(model)
-    paths = None if isinstance(source, ray.data.Dataset) else image_paths(source)
+    paths, videos = (None, []) if isinstance(source, ray.data.Dataset) else source_paths(source)
 
     output = Path(output)
     before = written(output, output_format)
@@ -225,16 +262,15 @@ def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, 
     decode = decode_mode(decode, decode_threads, resources.get("CPU", 0), actors)
 
     begin = time.perf_counter()
+    todo_videos = [path for path in videos if path not in done]
+    dataset = None
     if paths is None:
         if "path" not in source.columns():
             raise ValueError(f"predict_dataset: a Dataset source needs a 'path' column, got {source.columns()}")
         from ray.data.expressions import col
 
         dataset = source.filter(expr=col("path").not_in(sorted(done))) if done else source  # vectorised in Arrow
-    else:
-        todo = [path for path in paths if path not in done]
-        if not todo:
-            return Summary(0, 0, 0, before.num_rows, time.perf_counter() - begin, actors, bool(gpus))
+    elif todo := [path for path in paths if path not in done]:
         # One block per batch, of batch_size rows exactly (the last one fewer; from_blocks keeps them as given): a
         # decode task's output block is then an actor's batch as it is, its images read in place from the object
         # store (checked on a local cluster: the batch's memory was the store's /dev/shm mapping). from_items(
@@ -248,6 +284,10 @@ def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, 
         # Dataset source: its context is the caller's.)
         dataset.context.target_max_block_size = None
 
+    if todo_videos:
+        _predict_videos(todo_videos, model, output, output_format, gpus, actors, batch_size, predict_args)
+    if dataset is None:  # no image left to predict
+        return _summary(before, written(output, output_format), time.perf_counter() - begin, actors, gpus)
     if decode == "tasks":
         dataset = dataset.map_batches(
             decode_batch,
@@ -279,9 +319,4 @@ def predict_dataset(model, source, output: str | Path, *, batch_size: int = 64, 
                                            enable_true_multi_threading=True),
     )
     getattr(detections, f"write_{output_format}")(str(output))
-    seconds = time.perf_counter() - begin
-
-    after = written(output, output_format)
-    (rows, boxes, failures), (rows_before, boxes_before, failures_before) = _counts(after), _counts(before)
-    return Summary(rows - rows_before, boxes - boxes_before, failures - failures_before, rows_before, seconds, actors,
-                   bool(gpus))
+    return _summary(before, written(output, output_format), time.perf_counter() - begin, actors, gpus)

@@ -1,9 +1,11 @@
-"""Ultralytics ``Results`` as rows of an Arrow table: one row per image, its boxes as list columns.
+"""Ultralytics ``Results`` as rows of an Arrow table: one row per image or video frame, its boxes as list columns.
 
 One row per image (not per box) keeps images without detections and images that failed in the output, which is
 what resume and the summary count. The columns, in order:
 
-- ``path`` (string), ``width`` and ``height`` (int32: the original image's size; null when it did not decode);
+- ``path`` (string), ``frame`` (int32: a video frame's index, from 1, as stock's ``frame f/F``; null for an image
+  and for a video that could not be read), ``width`` and ``height`` (int32: the original image's size; null when it
+  did not decode);
 - ``xyxy`` (list of [x1, y1, x2, y2] float32, in original-image pixels), ``conf`` (list of float32), ``class_id``
   (list of int32) and ``class_name`` (list of string), one entry per box, in ``Results.boxes`` order;
 - Pose models: ``keypoints``, per box a list of the model's ``kpt_shape[0]`` points [x, y(, visibility)];
@@ -28,12 +30,12 @@ def schema(task: str, keypoint_dims: int = 3) -> pa.Schema:
 
     Examples:
         >>> schema("detect").names
-        ['path', 'width', 'height', 'xyxy', 'conf', 'class_id', 'class_name', 'error']
+        ['path', 'frame', 'width', 'height', 'xyxy', 'conf', 'class_id', 'class_name', 'error']
     """
     if task not in SUPPORTED_TASKS:
         raise ValueError(f"yolo_fastdetect.ray: model task {task!r} is not supported (supported: "
                          f"{', '.join(SUPPORTED_TASKS)})")
-    fields = [("path", pa.string()), ("width", pa.int32()), ("height", pa.int32()),
+    fields = [("path", pa.string()), ("frame", pa.int32()), ("width", pa.int32()), ("height", pa.int32()),
               ("xyxy", pa.list_(pa.list_(pa.float32(), 4))), ("conf", pa.list_(pa.float32())),
               ("class_id", pa.list_(pa.int32())), ("class_name", pa.list_(pa.string()))]
     if task == "pose":
@@ -55,8 +57,10 @@ def _points(arrays: Sequence[np.ndarray], dims: int) -> pa.ListArray:
     return _lists([len(a) for a in arrays], pa.FixedSizeListArray.from_arrays(pa.array(flat, pa.float32()), dims))
 
 
-def to_table(paths: Sequence[str], outcomes: Sequence, table_schema: pa.Schema) -> pa.Table:
-    """One row per path: its ``Results`` (on any device), or the error message (str) that replaced it.
+def to_table(paths: Sequence[str], outcomes: Sequence, table_schema: pa.Schema,
+             frames: Sequence[int | None] | None = None) -> pa.Table:
+    """One row per path: its ``Results`` (on any device), or the error message (str) that replaced it; ``frames``:
+    each row's frame index (a video's rows), default none (images).
 
     Examples:
         >>> to_table(["a.jpg"], ["file not found: a.jpg"], schema("detect")).column("error")[0].as_py()
@@ -71,6 +75,7 @@ def to_table(paths: Sequence[str], outcomes: Sequence, table_schema: pa.Schema) 
     names = [r.names for r in results if r is not None for _ in range(len(r.boxes))]
     columns = {
         "path": pa.array(paths, pa.string()),
+        "frame": pa.array(frames if frames is not None else [None] * len(paths), pa.int32()),
         "width": pa.array([r.orig_shape[1] if r is not None else None for r in results], pa.int32()),
         "height": pa.array([r.orig_shape[0] if r is not None else None for r in results], pa.int32()),
         "xyxy": _lists(counts, pa.FixedSizeListArray.from_arrays(pa.array(xyxy.reshape(-1), pa.float32()), 4)),

@@ -4,7 +4,8 @@
 stock (streams, webcams, screenshots, URLs, in-memory images and tensors):
 
 - a path (image, video, folder, glob, ``.txt``/``.csv`` list of paths): :class:`FileLoader`;
-- a list or tuple of paths (``str`` or ``Path``): :class:`PathListLoader`.
+- a list or tuple of paths (``str`` or ``Path``): :class:`PathListLoader`; of video paths, :class:`VideoListLoader`
+  (every frame of every video, batched across the videos; a list that mixes videos and images raises ``ValueError``).
 
 Settings (environment variables, read when a loader is made):
 
@@ -31,9 +32,10 @@ from .path_list import PathListLoader
 from .prefetch import OrderedPrefetch
 from .upload import Uploads
 from .video import VideoReader
+from .video_list import VideoListLoader, is_video_list
 
-__all__ = ["FileLoader", "OrderedPrefetch", "PathListLoader", "Uploads", "VideoReader", "decode_threads", "file_loader",
-           "read_ahead"]
+__all__ = ["FileLoader", "OrderedPrefetch", "PathListLoader", "Uploads", "VideoListLoader", "VideoReader",
+           "decode_threads", "file_loader", "read_ahead"]
 
 SOURCES_VARIABLE = "YOLO_FASTDETECT_SOURCES"
 THREADS_VARIABLE = "YOLO_FASTDETECT_DECODE_THREADS"
@@ -74,13 +76,14 @@ def _is_local_path(source: object) -> bool:
     return not (source.isnumeric() or lower.endswith(".streams") or lower.startswith(_STREAM_PREFIXES) or screenshot)
 
 
-def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3,
-                device: torch.device | None = None) -> FileLoader | PathListLoader | None:
+def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3, device: torch.device | None = None,
+                tracking: bool = False) -> FileLoader | PathListLoader | VideoListLoader | None:
     """The parallel loader for ``source``, or None where Ultralytics' own loader stays (not a file source, or
     ``YOLO_FASTDETECT_SOURCES=0``). Raises what stock raises for a missing path. ``device``: the CUDA device where the
     predictor letterboxes, if it does: the decoder threads then run below the predictor's priority (Linux, see
     :mod:`.prefetch`; not with ``YOLO_FASTDETECT_DECODER_NICE=0``) and upload the images there at batch 1 (unless
     ``YOLO_FASTDETECT_UPLOAD_AHEAD=0``), and with ``YOLO_FASTDETECT_GPU_JPEG=1`` a file source's JPEGs decode there.
+    ``tracking``: for ``model.track``, a list of videos is read one video at a time.
 
     Examples:
         >>> loader = file_loader("path/to/folder", batch=16)
@@ -100,5 +103,8 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3,
         isinstance(item, Path) or (isinstance(item, str) and not item.lower().startswith(("http://", "https://")))
         for item in source
     ):
+        if is_video_list(source):
+            return VideoListLoader(source, batch, vid_stride, channels, options["read_ahead"], options["upload_to"],
+                                   side_by_side=1 if tracking else None)
         return PathListLoader(source, opencv_jpeg=config.get(LIST_OPENCV_VARIABLE), **options)
     return None

@@ -1,0 +1,256 @@
+"""A Python list of videos (:class:`VideoListLoader`) against stock Ultralytics run on each video alone, with the same
+model and arguments: every frame of every video, its path, frame index and boxes; the delivery order; streaming; and
+bad files (cut, garbage appended, empty, no frames, not a video, missing): stock's outcome for that file or one
+error naming it, never a hang, a thread left running or a lost frame of the other videos.
+
+Stock cannot read a list of videos at all (it opens every entry as an image), so the reference is stock per video."""
+
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+
+import cv2
+import pytest
+import torch
+
+import video_corpus
+import yolo_fastdetect
+from conftest import detecting_model
+from video_corpus import write_broken, write_h264, write_opencv
+from yolo_fastdetect.sources import PathListLoader, VideoListLoader, file_loader
+from yolo_fastdetect.sources import video_list as video_list_module
+
+IMGSZ = 160
+TIMEOUT_S = 120  # a run that takes longer has hung
+THREAD_PREFIXES = ("yolo_fastdetect_decode", "yolo_fastdetect_video")  # the loaders' threads (not the predictor's)
+FRAME = re.compile(r"^video (\d+)/(\d+) \(frame (\d+)/(\d+)\) (.+?): ")  # stock's info string of a frame
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory) -> list[Path]:
+    """Three clips with motion: two of 160x120 (mp4v, MJPG) and one of the odd size 171x97, of unequal lengths."""
+    root = tmp_path_factory.mktemp("clips")
+    return [write_opencv(root / "a.mp4", 12, 160, 120), write_opencv(root / "b.mp4", 10, 171, 97, start=3),
+            write_opencv(root / "c.avi", 8, 160, 120, fourcc="MJPG", start=5)]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return detecting_model("cpu", logit_scale=1e7)  # scores without ties: stock and ours keep the same boxes
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_running():
+    yield
+    yolo_fastdetect.enable()
+    assert [t.name for t in threading.enumerate() if t.name.startswith(THREAD_PREFIXES)] == []
+
+
+def within(seconds: float, function):
+    """``function()``'s value, or its error, from a thread that must end within ``seconds`` (no hang)."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = function()
+        except BaseException as error:  # noqa: BLE001 - re-raised in the test's thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"no end within {seconds} s"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def predict(model, source, frames: list | None = None, **kwargs) -> list[tuple[str, int, int, torch.Tensor]]:
+    """``model.predict(source, stream=True)``: per frame (path, frame, frames, boxes), frame numbers read from each
+    batch's ``info``. ``frames`` (when given) collects them as they come, so that they stay when the run raises."""
+    frames = [] if frames is None else frames
+    infos: list[str] = []
+
+    def on_batch_end(predictor):
+        infos.extend(predictor.batch[2])
+
+    model.predictor = None
+    model.add_callback("on_predict_batch_end", on_batch_end)
+    try:
+        for result in model.predict(source, stream=True, imgsz=IMGSZ, **kwargs):
+            match = FRAME.match(infos[len(frames)])
+            assert match and match[5] == result.path, infos[len(frames)]
+            frames.append((result.path, int(match[3]), int(match[4]), result.boxes.data.clone()))
+    finally:
+        model.callbacks["on_predict_batch_end"].remove(on_batch_end)
+    return frames
+
+
+def stock_per_video(model, videos: list[Path], **kwargs) -> dict[str, list]:
+    yolo_fastdetect.disable()
+    try:
+        return {str(v.absolute()): predict(model, str(v), **kwargs) for v in videos}
+    finally:
+        yolo_fastdetect.enable()
+
+
+def assert_same_frames(ours: list, stock: dict[str, list]) -> None:
+    """Every frame of every video once, in frame order within its video, equal to stock's on that video alone."""
+    by_video = {path: [frame for frame in ours if frame[0] == path] for path in stock}
+    assert sum(map(len, by_video.values())) == len(ours)
+    for path, frames in by_video.items():
+        assert [f[1:3] for f in frames] == [f[1:3] for f in stock[path]], path  # frame f/F, in order
+        for (_, index, _, boxes), (*_, stock_boxes) in zip(frames, stock[path]):
+            assert boxes.shape == stock_boxes.shape, (path, index)
+            assert torch.equal(boxes[:, 5], stock_boxes[:, 5]), (path, index)
+            torch.testing.assert_close(boxes, stock_boxes, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(("batch", "vid_stride"), [(1, 1), (2, 1), (3, 2), (16, 1)])
+def test_list_of_videos_matches_stock_per_video(model, clips, batch, vid_stride):
+    stock = stock_per_video(model, clips, batch=batch, vid_stride=vid_stride)
+    ours = within(TIMEOUT_S, lambda: predict(model, [str(c) for c in clips], batch=batch, vid_stride=vid_stride))
+    assert isinstance(model.predictor.dataset, VideoListLoader)
+    assert_same_frames(ours, stock)
+    if batch == 1:  # video after video, as stock reads a folder
+        assert [f[:3] for f in ours] == [f[:3] for video in stock.values() for f in video]
+
+
+def test_batches_hold_one_frame_of_each_video_of_a_size(clips):
+    """The documented order on the loader itself: slots in list order, one frame size per batch, the sizes taking
+    turns; two 160x120 videos (a: 12 frames, c: 8) advance together, b (171x97, 10) alternates with them."""
+    a, b, c = (str(p.absolute()) for p in clips)
+    loader = file_loader([str(p) for p in clips], batch=3)
+    batches = within(TIMEOUT_S, lambda: [[(p, int(FRAME.match(i)[3])) for p, i in zip(paths, info)]
+                                         for paths, _, info in loader])
+    expected = []
+    for k in range(1, 9):
+        expected += [[(a, k), (c, k)], [(b, k)]]
+    expected += [[(a, 9)], [(b, 9)], [(a, 10)], [(b, 10)], [(a, 11)], [(a, 12)]]
+    assert batches == expected
+
+
+def test_first_results_come_before_the_last_video_opens(model, clips, monkeypatch):
+    opened: list[str] = []
+    reader = video_list_module.VideoReader
+
+    def recording_reader(paths, *args, **kwargs):
+        opened.extend(paths)
+        return reader(paths, *args, **kwargs)
+
+    monkeypatch.setattr(video_list_module, "VideoReader", recording_reader)
+    videos = [str(clips[0])] * 7 + [str(clips[2])]
+    model.predictor = None
+    stream = model.predict(videos, stream=True, imgsz=IMGSZ, batch=2)
+    first = within(TIMEOUT_S, lambda: next(stream))
+    assert first.path == str(clips[0].absolute()) and len(opened) < len(videos)
+    stream.close()  # the readers stop: the autouse fixture checks that no thread is left
+
+
+@pytest.mark.skipif(video_corpus.av is None, reason="needs PyAV (av) to write H.264")
+def test_h264_videos_match_stock_per_video(model, tmp_path):
+    videos = [write_h264(tmp_path / "h1.mp4", 12, 160, 120), write_h264(tmp_path / "h2.mp4", 9, 160, 96, start=2)]
+    stock = stock_per_video(model, videos, batch=4)
+    ours = within(TIMEOUT_S, lambda: predict(model, [str(v) for v in videos], batch=4))
+    assert_same_frames(ours, stock)
+
+
+@pytest.mark.parametrize("kind", ["cut", "cut_mp4", "garbage_appended", "empty", "no_frames", "not_video", "missing"])
+def test_a_bad_video_keeps_stock_outcome_and_the_other_videos(model, clips, tmp_path, kind):
+    """The bad file between two good ones: its frames as stock reads it alone, or stock's error for it (raised up
+    front where a look at the file shows it, else after every frame of the other videos)."""
+    bad = write_broken(tmp_path)[kind]
+    good = [clips[0], clips[2]]
+    yolo_fastdetect.disable()
+    try:
+        stock_bad = predict(model, str(bad), batch=2)
+        stock_error = None
+    except Exception as error:  # noqa: BLE001 - recorded: ours must raise the same
+        stock_bad, stock_error = [], error
+    stock = {**stock_per_video(model, good, batch=2), **({str(bad.absolute()): stock_bad} if stock_bad else {})}
+    frames: list = []
+    source = [str(good[0]), str(bad), str(good[1])]
+    if stock_error is None:
+        within(TIMEOUT_S, lambda: predict(model, source, frames, batch=2))
+        assert_same_frames(frames, stock)
+        return
+    with pytest.raises(type(stock_error)) as error:
+        within(TIMEOUT_S, lambda: predict(model, source, frames, batch=2))
+    assert str(error.value) == str(stock_error)  # stock's message, naming the file
+    if kind in ("empty", "missing"):
+        assert frames == []  # a look at the file shows it: raised before any frame
+    else:
+        assert_same_frames(frames, stock)  # the other videos' frames all came first
+
+
+def test_lists_that_stay_elsewhere(clips, tmp_path):
+    """A list that mixes videos and images raises (stock cannot read it either: it opens the video as an image);
+    lists of images and live sources keep their loaders."""
+    image = tmp_path / "a.jpg"
+    cv2.imwrite(str(image), video_corpus.panning_frames(1, 64, 48)[0])
+    with pytest.raises(ValueError, match=r"mixes videos .*a\.mp4.* with images .*a\.jpg"):
+        file_loader([str(clips[0]), str(image)])
+    assert isinstance(file_loader([str(image)]), PathListLoader)
+    for source in ("list.streams", "rtsp://host/a.mp4", 0, ["https://host/a.mp4"]):
+        assert file_loader(source) is None, source
+
+
+def test_open_videos_and_read_ahead_are_bounded(clips, monkeypatch):
+    """Many videos: at most ``batch + read_ahead`` readers (threads, open files) at once, every frame still read."""
+    monkeypatch.setenv("YOLO_FASTDETECT_READ_AHEAD", "2")
+    videos = [str(clips[0]), str(clips[2])] * 6
+    loader = file_loader(videos, batch=3)
+
+    def per_batch() -> list[tuple[int, int]]:  # (frames, reader threads alive)
+        return [(len(paths), sum(t.name == "yolo_fastdetect_video" for t in threading.enumerate()))
+                for paths, _, _ in loader]
+
+    counts = within(TIMEOUT_S, per_batch)
+    assert sum(frames for frames, _ in counts) == 6 * (12 + 8)
+    assert max(readers for _, readers in counts) <= 3 + 2
+
+
+def test_track_follows_one_video_at_a_time(model, clips):
+    """``model.track`` on a list of videos: Ultralytics resets its one tracker when the path changes, so the videos
+    are read one after another (even at batch 4), and each video's track IDs are stock's on that video alone."""
+    pytest.importorskip("lap", reason="Ultralytics' tracker needs lap")
+
+    def track_ids(source) -> list[tuple[str, list[int] | None]]:
+        model.predictor = None
+        return [(r.path, None if r.boxes.id is None else r.boxes.id.int().tolist())
+                for r in model.track(source, stream=True, imgsz=IMGSZ, batch=4)]
+
+    yolo_fastdetect.disable()
+    stock = [frame for clip in clips for frame in track_ids(str(clip))]
+    yolo_fastdetect.enable()
+    ours = within(TIMEOUT_S, lambda: track_ids([str(clip) for clip in clips]))
+    assert isinstance(model.predictor.dataset, VideoListLoader)
+    assert ours == stock and any(ids for _, ids in stock)
+
+
+def test_saved_videos_match_stock_per_video(model, clips, tmp_path):
+    """``save=True``: one video written per input video, as stock writes it on that video alone: the same names,
+    frame counts and frame rates (a 25 FPS clip of the 10 FPS clips' size takes batches of its own)."""
+    videos = [write_opencv(tmp_path / "fast.mp4", 9, 160, 120, start=1, fps=25), *clips]  # beside a, of its size
+    yolo_fastdetect.disable()
+    for video in videos:
+        model.predictor = None
+        list(model.predict(str(video), stream=True, imgsz=IMGSZ, batch=3, save=True, project=str(tmp_path),
+                           name="stock", exist_ok=True))
+    yolo_fastdetect.enable()
+    model.predictor = None
+    within(TIMEOUT_S, lambda: list(model.predict([str(v) for v in videos], stream=True, imgsz=IMGSZ, batch=3,
+                                                 save=True, project=str(tmp_path), name="ours")))
+
+    def saved(folder: Path) -> dict[str, tuple[int, float]]:
+        out = {}
+        for file in sorted(folder.iterdir()):
+            capture = cv2.VideoCapture(str(file))
+            out[file.name] = (int(capture.get(cv2.CAP_PROP_FRAME_COUNT)), capture.get(cv2.CAP_PROP_FPS))
+            capture.release()
+        return out
+
+    stock = saved(tmp_path / "stock")
+    assert saved(tmp_path / "ours") == stock and len(stock) == 4 and stock["fast.avi"][1] == 25
