@@ -70,13 +70,19 @@ def _headers() -> list[Path]:
     return sorted([*root.glob("*.h"), *root.glob("*/*.h"), *root.glob("*/*.cuh")])
 
 
-def cuda_toolkit() -> _toolkit.Toolkit | None:
-    """The CUDA toolkit the build compiles with (:func:`yolo_fastdetect._toolkit.find`), or None when there is no
-    usable one (:func:`cuda_unavailable_reason` says why)."""
+def toolkit_refusal() -> str | None:
+    """Why no CUDA toolkit can build the CUDA sources (:class:`yolo_fastdetect._toolkit.ToolkitError`'s message,
+    ending with the fix), or None when :func:`yolo_fastdetect._toolkit.find` finds one."""
     try:
-        return _toolkit.find()
-    except _toolkit.ToolkitError:
-        return None
+        _toolkit.find()
+    except _toolkit.ToolkitError as error:
+        return str(error)
+    return None
+
+
+def cuda_toolkit() -> _toolkit.Toolkit | None:
+    """The CUDA toolkit the build compiles with, or None when there is no usable one (:func:`toolkit_refusal`)."""
+    return None if toolkit_refusal() else _toolkit.find()
 
 
 def cuda_arch_list() -> str:
@@ -342,12 +348,7 @@ def cuda_unavailable_reason() -> str | None:
     if _state["loaded"] is False:
         return (f"the operators failed to build or load: {_first_line(_state['error'])}; compiler output in "
                 f"{_state['log']}; `yolo-fastdetect build` retries and shows it")
-    reason = _cpu_only_reason()
-    if reason is None:
-        try:
-            _toolkit.find()
-        except _toolkit.ToolkitError as error:
-            reason = str(error)
+    reason = _cpu_only_reason() or toolkit_refusal()
     if reason is None and _state["loaded"] and not has_cuda_kernels():
         reason = f"the library {library_path()} was built without CUDA kernels; `yolo-fastdetect build --cuda`"
     return reason

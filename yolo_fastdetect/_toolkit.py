@@ -106,8 +106,8 @@ def _pip_trees() -> list[Path]:
 
 def _toolkit_at(home: Path, origin: str) -> Toolkit:
     """The toolkit in ``home``, checked: nvcc runs and its CUDA major is torch's. Raises ToolkitError."""
-    if not home.is_dir():
-        raise ToolkitError(f"{origin}={home} does not exist" if origin == "CUDA_HOME" else f"{home} does not exist")
+    if not home.is_dir():  # only a folder the user named is tried without being there
+        raise ToolkitError(f"CUDA_HOME={home} does not exist")
     nvcc = home / "bin" / "nvcc"
     if not nvcc.is_file():
         wheel_note = " (PyPI's CUDA 12 nvcc wheel ships only ptxas)" if home.name == "cuda_nvcc" else ""

@@ -152,10 +152,9 @@ def gpu_state() -> str:
     reason = _ext.cuda_unavailable_reason()
     if reason is not None:
         return f"stock ({reason})"
-    toolkit = _ext.cuda_toolkit()
-    built = _ext.is_complete(_ext.library_path())
-    return (f"CUDA kernels for sm {_ext.cuda_arch_list()}" if built
-            else f"CUDA kernels once built ({toolkit.describe() if toolkit else 'no toolkit'})")
+    if _ext.is_complete(_ext.library_path()):
+        return f"CUDA kernels for sm {_ext.cuda_arch_list()}"
+    return f"CUDA kernels once built ({_ext.cuda_toolkit().describe()})"  # no reason: a toolkit was found
 
 
 def _export_runs_stock(exporter) -> None:
@@ -180,13 +179,12 @@ def installed_hook() -> Path | None:
 
 def _build(cuda: bool = False) -> None:
     """Compile (or load) the operators; with ``cuda``, CUDA kernels even where no GPU is present."""
-    from . import _ext, _toolkit
+    from . import _ext
 
     if cuda:
-        try:
-            _toolkit.find()
-        except _toolkit.ToolkitError as error:
-            raise SystemExit(f"yolo-fastdetect build --cuda: {error}") from None
+        refusal = _ext.toolkit_refusal()
+        if refusal:
+            raise SystemExit(f"yolo-fastdetect build --cuda: {refusal}")
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", _ext.cuda_arch_list())
     print(f"yolo_fastdetect operators: {_ext.build()}")
 
