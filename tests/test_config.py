@@ -37,24 +37,22 @@ def test_every_variable_the_code_names_is_declared():
     assert named - set(config.VARIABLES) == set()
 
 
-@pytest.mark.parametrize(("value", "expected"), [(None, True), ("", True), ("1", True), ("0", False)])
-def test_switch_on_by_default(monkeypatch, value, expected):
-    """YOLO_FASTDETECT_GRAPHS is on unless 0, as YOLO_FASTDETECT and the sources' switches are."""
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        (name, value, expected)
+        for name, default in (("YOLO_FASTDETECT_GRAPHS", True), ("YOLO_FASTDETECT_CPU_ONLY", False))
+        for value, expected in ((None, default), ("", default), ("1", True), ("0", False))
+    ],
+)
+def test_switch(monkeypatch, name, value, expected):
+    """YOLO_FASTDETECT_GRAPHS is on unless 0 (as YOLO_FASTDETECT and the sources' switches are);
+    YOLO_FASTDETECT_CPU_ONLY is on only for 1 (as YOLO_FASTDETECT_GPU_JPEG is)."""
     if value is None:
-        monkeypatch.delenv("YOLO_FASTDETECT_GRAPHS", raising=False)
+        monkeypatch.delenv(name, raising=False)
     else:
-        monkeypatch.setenv("YOLO_FASTDETECT_GRAPHS", value)
-    assert config.get("YOLO_FASTDETECT_GRAPHS") is expected
-
-
-@pytest.mark.parametrize(("value", "expected"), [(None, False), ("", False), ("1", True), ("0", False)])
-def test_switch_off_by_default(monkeypatch, value, expected):
-    """YOLO_FASTDETECT_CPU_ONLY is on only for 1, as YOLO_FASTDETECT_GPU_JPEG is."""
-    if value is None:
-        monkeypatch.delenv("YOLO_FASTDETECT_CPU_ONLY", raising=False)
-    else:
-        monkeypatch.setenv("YOLO_FASTDETECT_CPU_ONLY", value)
-    assert config.get("YOLO_FASTDETECT_CPU_ONLY") is expected
+        monkeypatch.setenv(name, value)
+    assert config.get(name) is expected
 
 
 @pytest.mark.parametrize("value", ["true", "false", "yes", "2", " 1", "on"])

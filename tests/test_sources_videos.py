@@ -17,7 +17,7 @@ import torch
 
 import video_corpus
 import yolo_fastdetect
-from conftest import detecting_model
+from test_sources import model  # noqa: F401 - a fixture: test_sources' seeded model, scores without ties
 from video_corpus import write_broken, write_h264, write_opencv
 from yolo_fastdetect.sources import PathListLoader, VideoListLoader, file_loader
 from yolo_fastdetect.sources import video_list as video_list_module
@@ -34,11 +34,6 @@ def clips(tmp_path_factory) -> list[Path]:
     root = tmp_path_factory.mktemp("clips")
     return [write_opencv(root / "a.mp4", 12, 160, 120), write_opencv(root / "b.mp4", 10, 171, 97, start=3),
             write_opencv(root / "c.avi", 8, 160, 120, fourcc="MJPG", start=5)]
-
-
-@pytest.fixture(scope="module")
-def model():
-    return detecting_model("cpu", logit_scale=1e7)  # scores without ties: stock and ours keep the same boxes
 
 
 @pytest.fixture(autouse=True)
