@@ -8,6 +8,7 @@ why, when the fast path is not active on the requested device or the detections 
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import sys
 import time
@@ -94,6 +95,15 @@ def _kernels_run(predict) -> dict[str, bool]:
     return {kernel: operator in seen for kernel, operator in KERNEL_OPERATORS.items()}
 
 
+def _first_images(source) -> list:
+    """The first ``MAX_IMAGES`` images of ``source`` as stock's own loader reads them (BGR arrays), with no model
+    run; every loader of Ultralytics 8.3 and 8.4 yields ``(paths, images, info)`` batches."""
+    from ultralytics.data.build import load_inference_source
+
+    batches = (images for _, images, _ in load_inference_source(source))
+    return list(itertools.islice(itertools.chain.from_iterable(batches), MAX_IMAGES))
+
+
 def _compare(stock_results, fast_results) -> tuple[bool, str]:
     """Whether ours equal stock's (counts and classes exactly, boxes and scores to 1e-3), and a line saying so."""
     boxes = max_box = max_score = 0.0
@@ -156,14 +166,12 @@ def run(model_name: str, device: str, source: str | None, imgsz: int) -> int:
         return 1
 
     sources = source or [str(ASSETS / "bus.jpg"), str(ASSETS / "zidane.jpg")]
-    stock_model, fast_model = (detecting_model(model_name) for _ in range(2))
-    arguments = {"device": device, "imgsz": imgsz, "verbose": False}
-    with yolo_fastdetect.disabled():
-        stock_results = [r for _, r in zip(range(MAX_IMAGES), stock_model.predict(sources, stream=True, **arguments))]
-    images = [result.orig_img for result in stock_results]
+    images = _first_images(sources)
     if not images:
         print(f"FAIL: the source {source!r} gave no images")
         return 1
+    stock_model, fast_model = (detecting_model(model_name) for _ in range(2))
+    arguments = {"device": device, "imgsz": imgsz, "verbose": False}
     kernels = _kernels_run(lambda: fast_model.predict(images[:1], **arguments))
     fast_results = [fast_model.predict(image, **arguments)[0] for image in images]
     with yolo_fastdetect.disabled():
