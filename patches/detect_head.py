@@ -120,12 +120,20 @@ def _as_head_dict(head: Detect, x) -> dict | None:
 
 
 def _decode(head: Detect, x: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The fused decode of the head dict, keeping the head's anchor state."""
+    """The fused decode of the head dict, keeping the head's anchor state.
+
+    On the GPU the DFL's expectation is the head's own ``dfl`` module, as in stock: its 1x1 convolution runs in cuDNN,
+    which adds the 16 bins in an order of its own and, with torch's default ``cudnn.allow_tf32``, rounds its inputs to
+    TF32 where its heuristics pick a tensor-core algorithm (batch by batch). No kernel can reproduce that choice, so
+    the fused operator decodes the distances stock's convolution computed (``reg_max`` 1: the rest of the decode),
+    which keeps the boxes stock's bit for bit in every precision and flag (RESULTS.md, "Parity in users' modes").
+    """
     level_shapes, level_strides = _level_layout(head, x["feats"])
     xywh = not head.end2end and not getattr(head, "xyxy", False)  # as Detect.decode_bboxes (8.3.0 has no xyxy)
-    return torch.ops.yolo_fastdetect.detect_decode(
-        x["boxes"], x["scores"], level_shapes, level_strides, head.reg_max, xywh
-    )
+    boxes, reg_max = x["boxes"], head.reg_max
+    if boxes.is_cuda and reg_max > 1:
+        boxes, reg_max = head.dfl(boxes), 1
+    return torch.ops.yolo_fastdetect.detect_decode(boxes, x["scores"], level_shapes, level_strides, reg_max, xywh)
 
 
 fast_inference.__yolo_fastdetect__ = True

@@ -115,21 +115,8 @@ def gpu_letterbox(predictor: DetectionPredictor) -> bool:
 
 
 def preprocess(self: DetectionPredictor, im) -> torch.Tensor:
-    """``BasePredictor.preprocess`` with the letterbox on the GPU; the stock method where that does not apply."""
-    if self.args.rect and getattr(self.dataset, "same_shapes", True) is False:
-        # A list of paths arrives in batches (PathListLoader), where stock letterboxes it as one batch: with `auto`
-        # (minimal padding) only when every image of the list has one shape. So no batch of this list takes `auto`.
-        self.args.rect = False
-        try:
-            return _letterboxed(self, im)
-        finally:
-            self.args.rect = True
-    return _letterboxed(self, im)
-
-
-def _letterboxed(self: DetectionPredictor, im) -> torch.Tensor:
-    """The model input of ``im``: the letterbox operator on a CUDA device (from the copies the loader uploaded ahead,
-    where it did), else the stock method."""
+    """``BasePredictor.preprocess`` with the letterbox on the GPU (from the copies the loader uploaded ahead, where it
+    did); the stock method where that does not apply."""
     if gpu_letterbox(self):
         options = letterbox_options(self, im)
         if options is not None:

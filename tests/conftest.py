@@ -83,3 +83,32 @@ def write_tiny_dataset(root: Path, num_classes: int) -> Path:
     from yolo_fastdetect.bench._tiny_dataset import write_tiny_dataset as write
 
     return write(root, num_classes)
+
+
+def sorted_rows(rows: torch.Tensor) -> torch.Tensor:
+    """The rows of a 2-D tensor in lexicographic order (on the CPU): tied scores may list their boxes in another order
+    on each side, and the same rows in any order are the same detections."""
+    rows = rows.detach().cpu()
+    order = list(range(len(rows)))
+    order.sort(key=lambda index: rows[index].tolist())
+    return rows[order]
+
+
+def assert_same_results_bitwise(ours: list, stock: list) -> None:
+    """Per image the same boxes (xyxy, confidence, class), bit for bit, in any order of tied rows; and the same
+    masks and keypoints where the task has them."""
+    assert len(ours) == len(stock)
+    assert sum(len(result.boxes) for result in stock) > 0, "the seeded model should detect something"
+    for index, (mine, theirs) in enumerate(zip(ours, stock)):
+        counts = f"image {index}: {len(mine.boxes)} boxes, stock {len(theirs.boxes)}"
+        assert mine.boxes.data.shape == theirs.boxes.data.shape, counts
+        assert mine.boxes.data.dtype == theirs.boxes.data.dtype
+        if torch.equal(mine.boxes.data, theirs.boxes.data):
+            pairs = [(getattr(mine, name), getattr(theirs, name)) for name in ("masks", "keypoints")]
+            for ours_extra, stock_extra in pairs:
+                assert (ours_extra is None) == (stock_extra is None)
+                if stock_extra is not None:
+                    assert torch.equal(ours_extra.data, stock_extra.data), f"image {index}: masks or keypoints"
+            continue
+        difference = (sorted_rows(mine.boxes.data).double() - sorted_rows(theirs.boxes.data).double()).abs()
+        assert difference.max().item() == 0, f"image {index}: rows differ by up to {difference.amax(0).tolist()}"

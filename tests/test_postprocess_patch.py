@@ -11,9 +11,8 @@ import torch
 from ultralytics.models.yolo.detect import DetectionPredictor
 
 import yolo_fastdetect
-from conftest import asset_images, detecting_model
+from conftest import assert_same_results_bitwise, asset_images, detecting_model
 from yolo_fastdetect import _ext
-from yolo_fastdetect.bench.e2e import detection_difference
 from yolo_fastdetect.patches import nms as nms_patch
 from yolo_fastdetect.patches import postprocess as postprocess_patch
 from yolo_fastdetect.patches import predictor as predictor_patch
@@ -83,14 +82,11 @@ SEQUENCE = ["bus", "zidane", "flipped", "two of one size"] * 3
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("half", [False, True], ids=["fp32", "fp16"])
-def test_same_results_as_stock_postprocess(half, monkeypatch):
-    """Batches of one and two images of one size, each key three times, against stock's postprocess with the rest
-    of the package on (the same NMS and scaling kernels: bit for bit) and against the package off (stock's decode
-    and NMS: fp16 rounding apart, the same detections; fp32 with TF32 off, as stock's TF32 DFL is off by up to
-    0.16 px). fp32 scores are untied (logit_scale), so NMS orders agree; fp16 cannot hold those logits, and its tied
-    scores are matched to the nearest stock box of their class."""
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+def test_same_results_as_stock_postprocess(half):
+    """Batches of one and two images of one size, each key three times, in torch's default flags: against stock's
+    postprocess with the rest of the package on (the same NMS and scaling kernels) and against the package off (stock's
+    decode and NMS), bit for bit. fp32 scores are untied (logit_scale), so NMS orders agree; fp16 cannot hold those
+    logits, and its tied scores may list their boxes in another order."""
     model = detecting_model("cuda", "yolov8n.yaml", logit_scale=1.0 if half else 1e7)
     options = {"half": half, "batch": 2}
     ours = run(model, SEQUENCE, **options)
@@ -106,8 +102,7 @@ def test_same_results_as_stock_postprocess(half, monkeypatch):
                for result in ours), "no box reached the clamp"
     with yolo_fastdetect.disabled():
         stock = run(model, SEQUENCE, **options)
-    difference = detection_difference(ours, stock, conf_atol=2e-3 if half else 1e-4)
-    assert difference["same_counts"] and difference["max_box_diff_px"] <= (2.0 if half else 1e-3), difference
+    assert_same_results_bitwise(ours, stock)
 
 
 @pytest.mark.cuda

@@ -19,7 +19,7 @@ from ultralytics.models.yolo.segment import SegmentationPredictor
 from ultralytics.utils import torch_utils
 
 import yolo_fastdetect
-from conftest import asset_images, detecting_model
+from conftest import assert_same_results_bitwise, asset_images, detecting_model
 from yolo_fastdetect import letterbox, letterbox_geometry, patches
 from yolo_fastdetect.bench.e2e import detection_difference
 from yolo_fastdetect.graphs import default_cache
@@ -218,18 +218,43 @@ def test_predict_same_as_without_the_predictor_patch(config, half, kind, letterb
 @pytest.mark.cuda
 @pytest.mark.parametrize("config", GPU_MODELS)
 @pytest.mark.parametrize("half", [False, True], ids=["fp32", "fp16"])
-def test_predict_same_as_stock(config, half, monkeypatch):
-    """Everything on against stock (disabled()). fp32 with TF32 off, as stock's TF32 DFL is off by up to 0.16 px.
-    In fp16 both decodes round box coordinates to fp16, 0.5 px steps at 512-1024 px of the input, up to 2x that in
-    the original image: boxes may differ by two such steps."""
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+@pytest.mark.parametrize("conf", [0.25, 0.001])
+def test_predict_same_as_stock(config, half, conf):
+    """Everything on against stock (disabled()) in the modes users run: torch's default flags (cuDNN may use TF32),
+    fp32 and fp16, conf 0.25 and 0.001, batch 1 and a batch of mixed sizes: the same detections bit for bit."""
+    assert torch.backends.cudnn.allow_tf32, "the test runs with torch's default flags"
     model = detecting_model("cuda", config)
     for kind in ("single", "mixed"):
         with yolo_fastdetect.disabled():
-            stock = predict(model, sources_for(kind), half=half, batch=8)
-        ours = predict(model, sources_for(kind), half=half, batch=8)
-        assert_same_detections(ours, stock, box_atol=2.0 if half else 1e-3, conf_atol=2e-3 if half else 1e-4)
+            stock = predict(model, sources_for(kind), half=half, batch=8, conf=conf)
+        ours = predict(model, sources_for(kind), half=half, batch=8, conf=conf)
+        assert_same_results_bitwise(ours, stock)
+
+
+@pytest.mark.cuda
+def test_predict_same_as_stock_without_tf32(monkeypatch):
+    """The other setting of cuDNN's TF32 switch: stock's detections bit for bit as well."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    model = detecting_model("cuda", "yolov8n.yaml")
+    for kind in ("single", "mixed"):
+        with yolo_fastdetect.disabled():
+            stock = predict(model, sources_for(kind), batch=8, conf=0.001)
+        ours = predict(model, sources_for(kind), batch=8, conf=0.001)
+        assert_same_results_bitwise(ours, stock)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("config", ["yolo11n-seg.yaml", "yolo11n-pose.yaml"])
+@pytest.mark.parametrize("half", [False, True], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("conf", [0.25, 0.001])
+def test_segment_and_pose_same_as_stock(config, half, conf):
+    """Segment's masks and Pose's keypoints too, in torch's default flags, fp32 and fp16."""
+    model = detecting_model("cuda", config)
+    for kind in ("single", "mixed"):
+        with yolo_fastdetect.disabled():
+            stock = predict(model, sources_for(kind), half=half, batch=8, conf=conf)
+        ours = predict(model, sources_for(kind), half=half, batch=8, conf=conf)
+        assert_same_results_bitwise(ours, stock)
 
 
 @pytest.mark.cuda

@@ -13,7 +13,7 @@ from PIL import Image
 from ultralytics.data.loaders import LoadPilAndNumpy, autocast_list
 
 from sources_corpus import EXIF_ORIENTATION, asset
-from yolo_fastdetect.sources.path_list import _decode, probe
+from yolo_fastdetect.sources.path_list import _decode, opencv_decodes
 
 SIZES = ((317, 239), (640, 481), (33, 17), (1280, 720))  # (width, height): odd, partial MCUs, tiny, common
 
@@ -65,7 +65,7 @@ def jpeg_variants(folder: Path, rng: np.random.Generator) -> list[Path]:
 def test_opencv_route_gives_stock_bytes(tmp_path, generator):
     rng = np.random.default_rng(generator.initial_seed())
     for path in jpeg_variants(tmp_path, rng):
-        assert probe(path).opencv_decodes, path.name
+        assert opencv_decodes(path), path.name
         name, image = _decode((0, path, True), 3)
         expected = stock_route(path)
         assert name == str(path)
@@ -87,14 +87,14 @@ def test_other_files_take_the_pillow_route(tmp_path, generator):
     for name, write in others.items():
         path = tmp_path / name
         write(path)
-        assert not probe(path).opencv_decodes, name
+        assert not opencv_decodes(path), name
         assert np.array_equal(_decode((0, path, False), 3)[1], stock_route(path)), name
 
     truncated = tmp_path / "truncated.jpg"
     data = (tmp_path / "rotated_2.jpg").read_bytes()
     image.save(truncated, quality=90)
     truncated.write_bytes(truncated.read_bytes()[: len(data) // 2])
-    assert probe(truncated).opencv_decodes  # its header is a plain JPEG's; the missing end sends it to Pillow
+    assert opencv_decodes(truncated)  # its header is a plain JPEG's; the missing end sends it to Pillow
     with pytest.raises(OSError) as stock_error:
         stock_route(truncated)
     with pytest.raises(OSError) as our_error:

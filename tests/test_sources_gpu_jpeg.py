@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-# corpus, model and the autouse fixtures (TF32 off, the patch re-enabled) are test_sources' own
-from test_sources import assert_same_results, corpus, exact_convolutions, model, restore_patch, stock_and_ours  # noqa: F401
+# corpus, model and the autouse fixture (the patch re-enabled) are test_sources' own
+from test_sources import assert_same_results, corpus, model, restore_patch, stock_and_ours  # noqa: F401
 from test_sources_upload import taken  # noqa: F401
 from yolo_fastdetect.sources import gpu_jpeg
 

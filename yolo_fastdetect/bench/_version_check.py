@@ -272,7 +272,6 @@ def main(argv: list[str] | None = None) -> None:
     checks.run("enable/disable", check_enable_disable)
     if report["ultralytics"] is not None:
         import numpy as np
-        import torch
 
         # Imported first, as Ultralytics 8.4.190 does itself: without it, older releases' stock NMS is their TorchNMS,
         # whose unstable sort orders tied scores as it likes (the drop-in orders them by anchor, as torchvision's
@@ -283,7 +282,6 @@ def main(argv: list[str] | None = None) -> None:
             np.trapz = np.trapezoid
 
         device = args.device if args.device == "cpu" else f"cuda:{args.device}"
-        torch.backends.cudnn.allow_tf32 = False  # stock's DFL convolution in TF32 is less exact than the kernel
         with contextlib.redirect_stdout(sys.stderr):  # Ultralytics' prints must not mix with the JSON
             predict_checks(checks, device, args.quick)
             val_checks(checks, device, args.quick)

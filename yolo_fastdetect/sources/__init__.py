@@ -92,6 +92,15 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3, 
     """
     if not config.get(SOURCES_VARIABLE):
         return None
+    path_list = isinstance(source, (list, tuple)) and bool(source) and all(
+        isinstance(item, Path) or (isinstance(item, str) and not item.lower().startswith(("http://", "https://")))
+        for item in source
+    )
+    video_list = path_list and is_video_list(source)
+    if path_list and not video_list:
+        # Stock predicts a list of images as one batch, whatever `batch` says; the batch's size decides cuDNN's
+        # algorithms, whose rounding (TF32, fp16) shows in the boxes, so the loader's one batch is the list too.
+        batch = len(source)
     upload = batch <= UPLOAD_AHEAD_MAX_BATCH and config.get(UPLOAD_AHEAD_VARIABLE)
     nice = device is not None and config.get(DECODER_NICE_VARIABLE)
     options = {"batch": batch, "channels": channels, "threads": decode_threads(), "read_ahead": read_ahead(),
@@ -99,12 +108,9 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3, 
     if _is_local_path(source):
         gpu_jpeg = device if config.get(GPU_JPEG_VARIABLE) else None
         return FileLoader(source, vid_stride=vid_stride, gpu_jpeg=gpu_jpeg, **options)
-    if isinstance(source, (list, tuple)) and source and all(
-        isinstance(item, Path) or (isinstance(item, str) and not item.lower().startswith(("http://", "https://")))
-        for item in source
-    ):
-        if is_video_list(source):
-            return VideoListLoader(source, batch, vid_stride, channels, options["read_ahead"], options["upload_to"],
-                                   side_by_side=1 if tracking else None)
+    if video_list:
+        return VideoListLoader(source, batch, vid_stride, channels, options["read_ahead"], options["upload_to"],
+                               side_by_side=1 if tracking else None)
+    if path_list:
         return PathListLoader(source, opencv_jpeg=config.get(LIST_OPENCV_VARIABLE), **options)
     return None

@@ -1,11 +1,12 @@
-"""A Python list (or tuple) of image paths, decoded as stock decodes it, in parallel and in batches.
+"""A Python list (or tuple) of image paths, decoded as stock decodes it, in parallel.
 
 Stock Ultralytics hands a list to ``autocast_list``, which opens and EXIF-transposes every image with PIL, one by
 one, before the first inference, and then predicts the whole list as one batch (``LoadPilAndNumpy``), whatever
 ``batch`` says. :class:`PathListLoader` decodes each path with the same two stock functions (``autocast_list`` for
-one path, then ``LoadPilAndNumpy._single_check``: PIL, EXIF transpose, RGB -> BGR), on a pool of threads, a
-bounded number of batches ahead, and yields batches of ``batch`` images, so that memory stays flat on a list of any
-length and inference starts at once.
+one path, then ``LoadPilAndNumpy._single_check``: PIL, EXIF transpose, RGB -> BGR), on a pool of threads. The
+predictor's loader (:func:`yolo_fastdetect.sources.file_loader`) makes its batch the whole list, as stock's: the
+batch's size decides cuDNN's convolution algorithms, whose rounding (TF32 in float32, float16's) reaches the boxes,
+so a list predicted in smaller batches would not give stock's detections bit for bit.
 
 A baseline or progressive JPEG in YCbCr or grayscale, without EXIF rotation and ending in its EOI marker, decodes
 through OpenCV instead (``cv2.imdecode`` to BGR, about 4x faster than Pillow's route; both run libjpeg-turbo with
@@ -15,11 +16,8 @@ Pillow's route. ``YOLO_FASTDETECT_LIST_OPENCV=0`` sends every file through Pillo
 
 What stays as stock's: every image's path (``Image.filename``, else ``image{i}.jpg``) and bytes; the log line of
 each image (``"{i}: 480x640 ..."``, ``i`` counted over the whole list: the loader's ``info`` carries the prefix that
-stock's ``write_results`` adds for its one batch); the error for a path that does not exist or is not an image,
-raised before any inference (every path's header is opened first, in parallel, as ``autocast_list`` opens them);
-and the letterbox: stock letterboxes its one batch with ``auto`` (minimal padding) only when every image of the
-list has one shape, so the loader records ``same_shapes`` for the whole list, and the patched predictor letterboxes
-each batch by it.
+stock's ``write_results`` adds for its one batch); and the error for a path that does not exist or is not an image,
+raised before any inference (every path's header is opened first, in parallel, as ``autocast_list`` opens them).
 """
 
 from __future__ import annotations
@@ -27,7 +25,6 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -41,26 +38,14 @@ from .jpeg_bytes import ends_in_eoi
 from .prefetch import OrderedPrefetch, read_ahead_window
 from .upload import Uploads, loader_uploads
 
-_TRANSPOSING_ORIENTATIONS = (5, 6, 7, 8)  # EXIF orientations that exif_transpose turns by 90 degrees
 
-
-@dataclass(frozen=True)
-class Probe:
-    """What the header of one list entry says: its size after ``exif_transpose``, and whether OpenCV decodes it to
-    the bytes of stock's Pillow route (a YCbCr or grayscale JPEG that needs no EXIF transpose)."""
-
-    upright_size: tuple[int, int]
-    opencv_decodes: bool
-
-
-def probe(path: str | Path) -> Probe:
-    """The :class:`Probe` of ``path``; raises what ``Image.open`` raises for a missing or unidentifiable file (as
+def opencv_decodes(path: str | Path) -> bool:
+    """Whether OpenCV decodes ``path`` to the bytes of stock's Pillow route, as its header says: a YCbCr or grayscale
+    JPEG that needs no EXIF transpose. Raises what ``Image.open`` raises for a missing or unidentifiable file (as
     stock's ``autocast_list`` does)."""
     with Image.open(path) as image:
-        width, height = image.size
         orientation = image.getexif().get(ExifTags.Base.Orientation, 1)
-        size = (height, width) if orientation in _TRANSPOSING_ORIENTATIONS else (width, height)
-        return Probe(size, image.format == "JPEG" and image.mode in ("RGB", "L") and orientation == 1)
+        return image.format == "JPEG" and image.mode in ("RGB", "L") and orientation == 1
 
 
 def _opencv_jpeg(path: str | Path) -> np.ndarray | None:
@@ -92,7 +77,6 @@ class PathListLoader(LoadPilAndNumpy):
     (at least one image per thread) ahead.
 
     Attributes:
-        same_shapes (bool): Whether every image of the list has one (upright) size, as stock's single batch sees it.
         uploads (Uploads | None): The images' copies on ``upload_to``, a CUDA device (:mod:`.upload`), or None.
         lower_priority (bool): Whether the decoder threads run below the caller's priority (:class:`.OrderedPrefetch`;
             for a predictor on a GPU).
@@ -112,11 +96,10 @@ class PathListLoader(LoadPilAndNumpy):
         self.mode, self.count = "image", 0
         self.source_type = SourceTypes()  # log lines carry their list index in ``info`` (see the module docstring)
         with ThreadPoolExecutor(max(1, min(threads, len(self.sources)))) as pool:
-            probes = list(pool.map(probe, self.sources))  # raises the first failing path's error, in order
-        self.same_shapes = len({p.upright_size for p in probes}) == 1
+            decodable = list(pool.map(opencv_decodes, self.sources))  # raises the first failing path's error
         opencv = opencv_jpeg and channels == 3  # a 1-channel model takes Pillow's "L" conversion, not libjpeg's Y
-        self._entries = [(i, path, opencv and p.opencv_decodes) for i, (path, p) in
-                         enumerate(zip(self.sources, probes))]
+        self._entries = [(i, path, opencv and decodes) for i, (path, decodes) in
+                         enumerate(zip(self.sources, decodable))]
         self.uploads = loader_uploads(upload_to, batch, threads, read_ahead)
         self._images: OrderedPrefetch | None = None
 
