@@ -1,8 +1,9 @@
 """Decoded video frames to BGR as ``cv2.VideoCapture`` gives them (``yolo_fastdetect.ops.video_color``): the operator
 and the numpy reference against cv2's frames of H.264, HEVC and MPEG-4 clips (sizes that are not multiples of 16, an
 odd width, BT.601 / BT.709 / BT.2020 / FCC / SMPTE 240M tags, limited and full range, a variable frame rate); the
-streams cv2 converts otherwise (odd heights, wide gamuts, HDR transfers) or not at all; the operator against the
-reference on random pitched NV12 and I420 planes; bad arguments; the schema; CUDA == CPU."""
+streams cv2 converts otherwise (odd heights, wide gamuts, HDR transfers) or not at all, and OpenCV's versions
+(``opencv_conversion``); the operator against the reference on random pitched NV12 and I420 planes; bad arguments;
+the schema; CUDA == CPU."""
 
 from __future__ import annotations
 
@@ -20,27 +21,32 @@ from yolo_fastdetect import _ext
 from yolo_fastdetect.ops import (
     i420_to_bgr,
     nv12_to_bgr,
-    opencv_converts_exactly,
+    opencv_conversion,
     swscale_coefficients,
     yuv420_to_bgr_reference,
 )
+from yolo_fastdetect.ops.video_color import _version
 
 pytestmark = pytest.mark.skipif(not _ext.available(), reason="operators not built")
 needs_av = pytest.mark.skipif(video_corpus.av is None, reason="needs PyAV (av) to write and decode clips")
+needs_tagged_opencv = pytest.mark.skipif(_version(cv2.__version__) < (4, 13),
+                                         reason="OpenCV before 4.13 converts every frame as BT.601")
 
 CONVERTED_MATRICES = [0, 1, 2, 4, 5, 6, 7, 9]  # the AVColorSpace values OpenCV's reader converts
 
 
-def decoded_frames(path: Path) -> list[tuple[list[np.ndarray], int, bool]]:
-    """Each frame of the clip as FFmpeg's software decoder gives it (through PyAV): its Y, U and V planes, its
-    AVColorSpace and whether it is full range."""
+def decoded_frames(path: Path) -> list[tuple[list[np.ndarray], dict]]:
+    """Each frame of the clip as FFmpeg's software decoder gives it (through PyAV): its Y, U and V planes and its
+    properties, as :func:`opencv_conversion` takes them."""
     frames = []
     with video_corpus.av.open(str(path)) as container:
         for frame in container.decode(video=0):
             planes = [np.frombuffer(plane, np.uint8).reshape(plane.height, plane.line_size)[:, : plane.width].copy()
                       for plane in frame.planes]
-            full_range = frame.format.name.startswith("yuvj") or int(frame.color_range) == 2
-            frames.append((planes, int(frame.colorspace), full_range))
+            properties = {"height": frame.height, "colorspace": int(frame.colorspace),
+                          "color_range": int(frame.color_range), "color_primaries": int(frame.color_primaries),
+                          "color_trc": int(frame.color_trc), "pixel_format": frame.format.name}
+            frames.append((planes, properties))
     return frames
 
 
@@ -66,17 +72,18 @@ def converted(planes: list[np.ndarray], colorspace: int, full_range: bool, devic
 
 
 def assert_matches_opencv(path: Path, device: str = "cpu", layout: str = "i420") -> None:
-    """Frame for frame, the operator (and on the CPU the reference) equals cv2's frame bit for bit."""
+    """Frame for frame, the operator (and on the CPU the reference) with :func:`opencv_conversion`'s parameters for
+    the installed OpenCV equals cv2's frame bit for bit."""
     decoded, expected = decoded_frames(path), opencv_frames(path)
     assert len(decoded) == len(expected) > 0
-    for index, ((planes, colorspace, full_range), frame) in enumerate(zip(decoded, expected)):
-        height = planes[0].shape[0]
-        assert opencv_converts_exactly(height, colorspace), f"frame {index}"
-        ours = converted(planes, colorspace, full_range, device, layout)
+    for index, ((planes, properties), frame) in enumerate(zip(decoded, expected)):
+        parameters = opencv_conversion(**properties)
+        assert parameters is not None, f"frame {index}: {properties}"
+        ours = converted(planes, *parameters, device, layout)
         assert ours.shape == frame.shape and ours.flags.c_contiguous
         assert np.array_equal(ours, frame), f"frame {index}: {np.count_nonzero(ours != frame)} values differ"
         if device == "cpu":
-            assert np.array_equal(yuv420_to_bgr_reference(*planes, colorspace, full_range), frame), f"frame {index}"
+            assert np.array_equal(yuv420_to_bgr_reference(*planes, *parameters), frame), f"frame {index}"
 
 
 # Each writes a short clip to the path it is given; sizes that are not multiples of 16 (and one odd width) run the
@@ -130,14 +137,16 @@ def random_images(generator: torch.Generator, count: int, height: int, width: in
      (2, True)],
 )
 def test_matches_opencv_per_colour_tag(tmp_path, generator, colorspace, full_range):
-    """Every matrix cv2 converts, in both ranges: its tag decides the coefficients."""
+    """Every matrix cv2 converts, in both ranges."""
     path = write_clip(tmp_path / "tagged.mp4", random_images(generator, 2, 48, 96), 96, 48, colorspace=colorspace,
                       full_range=full_range)
-    assert [(cs, full) for _, cs, full in decoded_frames(path)] == [(colorspace, full_range)] * 2
+    tags = [(p["colorspace"], p["color_range"], p["pixel_format"]) for _, p in decoded_frames(path)]
+    assert tags == [(colorspace, 2, "yuvj420p") if full_range else (colorspace, 1, "yuv420p")] * 2
     assert_matches_opencv(path)
 
 
 @needs_av
+@needs_tagged_opencv
 @pytest.mark.parametrize(
     "primaries, transfer, exact",
     # cv2's colour-managed conversion takes seconds to set up (swscale builds a 3-D table): slow, one wide gamut and
@@ -147,12 +156,13 @@ def test_matches_opencv_per_colour_tag(tmp_path, generator, colorspace, full_ran
 )
 def test_primaries_and_transfer(tmp_path, generator, primaries, transfer, exact):
     """cv2 converts with the plain matrix under BT.709-like primaries and SDR transfers, and gamut- or tone-maps under
-    wide gamuts (BT.2020, P3) and PQ / HLG: where :func:`opencv_converts_exactly` says so."""
+    wide gamuts (BT.2020, P3) and PQ / HLG: where :func:`opencv_conversion` says so."""
     path = write_clip(tmp_path / "tagged.mp4", random_images(generator, 1, 32, 64), 64, 32, colorspace=1,
                       primaries=primaries, transfer=transfer)
-    ((planes, colorspace, full_range),), (frame,) = decoded_frames(path), opencv_frames(path)
-    assert opencv_converts_exactly(32, colorspace, primaries, transfer) is exact
-    assert np.array_equal(converted(planes, colorspace, full_range), frame) is exact
+    ((planes, properties),), (frame,) = decoded_frames(path), opencv_frames(path)
+    assert (properties["color_primaries"], properties["color_trc"]) == (primaries, transfer)
+    assert (opencv_conversion(**properties) == (1, False)) is exact
+    assert np.array_equal(converted(planes, 1, False), frame) is exact
 
 
 @needs_av
@@ -160,21 +170,42 @@ def test_odd_height_is_converted_otherwise(tmp_path):
     """An odd height sends swscale down its scaling path (chroma interpolated vertically, bicubic): not exact, and
     said so."""
     path = write_clip(tmp_path / "odd.mp4", video_corpus.camera_frames(2, 64, 49), 64, 49, "mpeg4")
-    ((planes, colorspace, full_range), _), (frame, _) = decoded_frames(path), opencv_frames(path)
-    assert planes[0].shape == (49, 64) and not opencv_converts_exactly(49, colorspace)
-    assert not np.array_equal(converted(planes, colorspace, full_range), frame)
+    ((planes, properties), _), (frame, _) = decoded_frames(path), opencv_frames(path)
+    assert planes[0].shape == (49, 64) and opencv_conversion(**properties) is None
+    assert not np.array_equal(converted(planes, 2, False), frame)
 
 
 @needs_av
+@needs_tagged_opencv
 @pytest.mark.parametrize("colorspace", [8, 10, 12])
-def test_matrices_opencv_cannot_read(tmp_path, generator, colorspace):
-    """YCgCo, BT.2020 constant luminance and later matrices: cv2 reads no frame, and ours refuse the tag."""
+def test_matrices_opencv_cannot_convert(tmp_path, generator, colorspace):
+    """YCgCo, BT.2020 constant luminance and later matrices: cv2 reads no frame (5.1) or one unlike any conversion
+    of it (4.13 to 5.0), and ours refuse the tag."""
     path = write_clip(tmp_path / "tagged.mp4", random_images(generator, 1, 32, 64), 64, 32, colorspace=colorspace)
-    ((planes, tag, full_range),) = decoded_frames(path)
-    assert tag == colorspace and opencv_frames(path) == []
-    assert not opencv_converts_exactly(32, colorspace)
+    ((planes, properties),), frames = decoded_frames(path), opencv_frames(path)
+    assert properties["colorspace"] == colorspace and opencv_conversion(**properties) is None
+    assert frames == [] or not any(np.array_equal(frames[0], converted(planes, matrix, False))
+                                   for matrix in CONVERTED_MATRICES)
     with pytest.raises(ValueError, match="colorspace"):
-        converted(planes, colorspace, full_range)
+        converted(planes, colorspace, False)
+
+
+def test_opencv_versions():
+    """Up to 4.12 OpenCV ignores the tags (BT.601, the range of the pixel format); from 4.13 on it follows them."""
+    hdr = {"colorspace": 9, "color_range": 1, "color_primaries": 9, "color_trc": 16}
+    for version in ("4.6.0", "4.12.0"):
+        assert opencv_conversion(1080, **hdr, opencv_version=version) == (2, False)
+        assert opencv_conversion(720, 1, 2, pixel_format="yuvj420p", opencv_version=version) == (2, True)
+        assert opencv_conversion(720, 1, 2, opencv_version=version) == (2, False)  # range tag, not yuvj: limited
+        assert opencv_conversion(721, opencv_version=version) is None
+    for version in ("4.13.0", "4.14.0-pre", "5.1.0"):
+        assert opencv_conversion(1080, **hdr, opencv_version=version) is None
+        assert opencv_conversion(1080, 9, 1, 1, 1, opencv_version=version) == (9, False)
+        assert opencv_conversion(720, 1, 2, pixel_format="yuvj420p", opencv_version=version) == (1, True)
+        assert opencv_conversion(720, 1, 2, opencv_version=version) == (1, True)
+        assert opencv_conversion(720, 10, opencv_version=version) is None
+        assert opencv_conversion(721, opencv_version=version) is None
+    assert opencv_conversion(720, pixel_format="yuv422p", opencv_version="5.1.0") is None
 
 
 def random_planes(generator: torch.Generator, height: int, width: int, pitch: int = 0) -> tuple[torch.Tensor, ...]:

@@ -8,7 +8,7 @@ from .roi_align import RoIAlign, boxes_to_rois, roi_align, roi_align_reference
 from .video_color import (
     i420_to_bgr,
     nv12_to_bgr,
-    opencv_converts_exactly,
+    opencv_conversion,
     swscale_coefficients,
     yuv420_to_bgr_reference,
 )
@@ -29,7 +29,7 @@ __all__ = [
     "non_max_suppression",
     "non_max_suppression_reference",
     "nv12_to_bgr",
-    "opencv_converts_exactly",
+    "opencv_conversion",
     "roi_align",
     "roi_align_reference",
     "scale_boxes_batch",

@@ -6,7 +6,8 @@ FFmpeg's swscale converts the frame to BGR24 with the stream's colour matrix and
 height, that is swscale's unscaled SIMD converter: 16-bit fixed-point coefficients, products floored, each chroma
 sample used for its 2x2 pixels. :func:`nv12_to_bgr` (NVDEC's layout) and :func:`i420_to_bgr` (three planes, as PyAV
 and FFmpeg's software decoders give) compute the same bytes; :func:`yuv420_to_bgr_reference` is the readable numpy
-version. :func:`opencv_converts_exactly` says for which streams that holds (docs/video_design.md: what differs).
+version. :func:`opencv_conversion` says for which frames that holds, and with which colour parameters (they
+depend on the OpenCV version); docs/video_design.md says what differs.
 """
 
 from __future__ import annotations
@@ -19,14 +20,15 @@ from .._ext import on_load, require
 __all__ = [
     "i420_to_bgr",
     "nv12_to_bgr",
-    "opencv_converts_exactly",
+    "opencv_conversion",
     "swscale_coefficients",
     "yuv420_to_bgr_reference",
 ]
 
 # swscale's ff_yuv2rgb_coeffs rows {crv, cbu, cgu, cgv} (16.16 fixed point, scaled for limited range), keyed by the
 # frame's AVColorSpace. Only the values OpenCV's reader converts: it fails to read a frame tagged YCgCo (8),
-# BT.2020 constant luminance (10) or any later matrix. 3 (reserved) is left out: no encoder at hand could write it.
+# BT.2020 constant luminance (10) or any later matrix (from OpenCV 4.13 on, which converts with the frame's matrix).
+# 3 (reserved) is left out: no encoder at hand could write it.
 _BT601 = (104597, 132201, 25675, 53279)
 _MATRICES = {
     0: _BT601,  # "RGB": swscale's table has BT.601 in that row
@@ -89,22 +91,62 @@ def swscale_coefficients(colorspace: int = 2, full_range: bool = False) -> tuple
     )
 
 
-def opencv_converts_exactly(height: int, colorspace: int = 2, color_primaries: int = 2, color_trc: int = 2) -> bool:
-    """Whether :func:`nv12_to_bgr` / :func:`i420_to_bgr` give ``cv2.VideoCapture``'s frames bit for bit for an
-    8-bit 4:2:0 stream with these properties (the AVFrame's ``colorspace``, ``color_primaries``, ``color_trc``).
+def _version(text: str) -> tuple[int, int]:
+    major, minor = (text.split(".") + ["0"])[:2]
+    return int(major), int("".join(filter(str.isdigit, minor)) or 0)
 
-    False for an odd height (swscale's scaling path: chroma interpolated vertically, other arithmetic), a matrix
-    OpenCV does not convert, a wide gamut (gamut-mapped), PQ or HLG (tone-mapped) and unchecked values. The range
-    never matters: pass it to the conversion. Measured on x86 with opencv-python 5.1 (FFmpeg's swscale 10.1).
+
+# From this OpenCV on, its reader converts with the frame's colour properties (sws_scale_frame, which reads them from
+# the frame); before, with BT.601 always and the range of the pixel format alone (sws_scale, swscale's defaults).
+_TAGGED_OPENCV = (4, 13)
+_FORMATS = {"yuv420p": False, "yuvj420p": True}  # 8-bit 4:2:0 pixel formats, and whether the format is full range
+
+
+def opencv_conversion(
+    height: int,
+    colorspace: int = 2,
+    color_range: int = 0,
+    color_primaries: int = 2,
+    color_trc: int = 2,
+    pixel_format: str = "yuv420p",
+    opencv_version: str | None = None,
+) -> tuple[int, bool] | None:
+    """The ``(colorspace, full_range)`` with which :func:`nv12_to_bgr` / :func:`i420_to_bgr` give
+    ``cv2.VideoCapture``'s frame bit for bit, for a frame with these properties (those of FFmpeg's decoded AVFrame);
+    None where cv2 converts otherwise or cannot (then read that stream with cv2).
+
+    OpenCV up to 4.12 converts every frame as BT.601, full range only for a ``yuvj420p`` frame (FFmpeg's H.264 and
+    HEVC decoders give one for a full-range stream). From 4.13 on it converts with the frame's matrix and range, and
+    gamut- or tone-maps wide-gamut and HDR frames (None here), and reads no frame (5.1) or garbage (4.13 to 5.0)
+    of the matrices swscale lacks (None). An odd height takes swscale's scaling path in every version (None).
+    Measured on x86 with opencv-python(-headless) 4.12, 4.13, 4.14, 5.0 and 5.1 (docs/video_design.md).
+
+    Args:
+        height (int): The frame's height.
+        colorspace, color_range, color_primaries, color_trc (int): The frame's AVColorSpace, AVColorRange,
+            AVColorPrimaries and AVColorTransferCharacteristic (PyAV's ``frame.colorspace``, ...).
+        pixel_format (str): The decoded frame's FFmpeg pixel format ("yuv420p" or "yuvj420p").
+        opencv_version (str | None): ``cv2.__version__`` of the reader to match; the installed one when None.
 
     Examples:
-        >>> opencv_converts_exactly(1080, colorspace=1, color_primaries=1, color_trc=1)
+        >>> opencv_conversion(1080, 1, 1, 1, 1, opencv_version="4.13.0")  # BT.709, limited range
+        (1, False)
+        >>> opencv_conversion(1080, colorspace=1, opencv_version="4.12.0")  # BT.709 tag ignored
+        (2, False)
+        >>> opencv_conversion(2160, 9, 1, 9, 16, opencv_version="5.1.0") is None  # HDR10: tone-mapped
         True
-        >>> opencv_converts_exactly(1080, colorspace=9, color_primaries=9, color_trc=16)  # HDR10
-        False
     """
-    return (height % 2 == 0 and colorspace in _MATRICES and color_primaries in _PLAIN_PRIMARIES
-            and color_trc in _PLAIN_TRANSFERS)
+    if opencv_version is None:
+        import cv2
+
+        opencv_version = cv2.__version__
+    if height % 2 or pixel_format not in _FORMATS:
+        return None
+    if _version(opencv_version) < _TAGGED_OPENCV:
+        return 2, _FORMATS[pixel_format]
+    if colorspace not in _MATRICES or color_primaries not in _PLAIN_PRIMARIES or color_trc not in _PLAIN_TRANSFERS:
+        return None
+    return int(colorspace), _FORMATS[pixel_format] or color_range == 2
 
 
 def yuv420_to_bgr_reference(
