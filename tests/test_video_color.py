@@ -117,12 +117,14 @@ def test_matches_opencv_on_clips(clip_folder, name, device):
 
 
 @needs_av
-def test_variable_frame_rate_clip_has_its_times(clip_folder):
-    """The VFR clip keeps its per-frame presentation times (cv2 reads every frame: the test above)."""
-    path = clip_folder / "vfr_times.mp4"
-    write_camera_clip(path, 4, (64, 36), frame_times=[0, 0.02, 0.25, 0.26])
-    with video_corpus.av.open(str(path)) as container:
-        assert [round(float(frame.time), 3) for frame in container.decode(video=0)] == [0, 0.02, 0.25, 0.26]
+def test_camera_clip_command(tmp_path):
+    """``python tests/video_corpus.py``: one clip per size and codec; with --vfr, irregular frame times."""
+    video_corpus.main([str(tmp_path), "--sizes", "64x36", "--codecs", "h264,hevc", "--frames", "4", "--vfr"])
+    for codec in ("h264", "hevc"):
+        with video_corpus.av.open(str(tmp_path / f"camera_vfr_64x36_{codec}.mp4")) as container:
+            times = [float(frame.time) for frame in container.decode(video=0)]
+        intervals = np.diff(times)
+        assert len(times) == 4 and (intervals > 0).all() and intervals.max() - intervals.min() > 0.005
 
 
 def random_images(generator: torch.Generator, count: int, height: int, width: int) -> list[np.ndarray]:

@@ -135,10 +135,12 @@ def camera_frames(frames: int, width: int, height: int, noise: int = 2, seed: in
 def write_camera_clip(path: Path, frames: int, size: str | tuple[int, int] = "720p", codec: str = "h264",
                       fps: int = 30, frame_times: Sequence[float] | None = None, full_range: bool = False,
                       preset: str = "veryfast") -> Path:
-    """A camera-like clip of :func:`camera_frames`: ``size`` a key of :data:`CAMERA_SIZES` or (width, height),
-    tagged BT.709 from 720 rows up and SMPTE 170M below, as cameras tag them; ``frame_times`` makes it a
-    variable-frame-rate clip. Needs ``av``."""
-    width, height = CAMERA_SIZES[size] if isinstance(size, str) else size
+    """A camera-like clip of :func:`camera_frames`: ``size`` a key of :data:`CAMERA_SIZES`, "WIDTHxHEIGHT" or
+    (width, height), tagged BT.709 from 720 rows up and SMPTE 170M below, as cameras tag them; ``frame_times``
+    makes it a variable-frame-rate clip. Needs ``av``."""
+    if isinstance(size, str):
+        size = CAMERA_SIZES.get(size) or tuple(int(side) for side in size.split("x"))
+    width, height = size
     tag = BT709 if height >= 720 else SMPTE170M
     return write_clip(path, camera_frames(frames, width, height), width, height, codec, fps, frame_times, tag, tag,
                       tag, full_range, preset)
@@ -169,7 +171,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     variable-frame-rate one (``camera_vfr_<size>_<codec>.mp4``, frame intervals of 1/60 to 1/10 s) with --vfr."""
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--sizes", default=",".join(CAMERA_SIZES), help="comma-separated keys of CAMERA_SIZES")
+    parser.add_argument("--sizes", default=",".join(CAMERA_SIZES),
+                        help="comma-separated keys of CAMERA_SIZES or WIDTHxHEIGHT")
     parser.add_argument("--codecs", default="h264,hevc")
     parser.add_argument("--frames", type=int, default=150)
     parser.add_argument("--preset", default="veryfast")
