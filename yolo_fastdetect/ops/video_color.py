@@ -2,12 +2,13 @@
 ``yolo_fastdetect::yuv420_to_bgr`` (CPU and CUDA).
 
 Stock Ultralytics reads video with ``cv2.VideoCapture``: FFmpeg decodes (exactly, by the codec's standard), then
-FFmpeg's swscale converts the frame to BGR24 with the stream's colour matrix and range. On x86, for a frame of even
-height, that is swscale's unscaled SIMD converter: 16-bit fixed-point coefficients, products floored, each chroma
-sample used for its 2x2 pixels. :func:`nv12_to_bgr` (NVDEC's layout) and :func:`i420_to_bgr` (three planes, as PyAV
-and FFmpeg's software decoders give) compute the same bytes; :func:`yuv420_to_bgr_reference` is the readable numpy
-version. :func:`opencv_conversion` says for which frames that holds, and with which colour parameters (they
-depend on the OpenCV version); docs/video_design.md says what differs.
+FFmpeg's swscale converts the frame to BGR24 with the stream's colour matrix and range (OpenCV 4.13 on; BT.601 and
+the pixel format's range before). On x86, for a frame of even height, that is swscale's unscaled SIMD converter:
+16-bit fixed-point coefficients, products floored, each chroma sample used for its 2x2 pixels. :func:`nv12_to_bgr`
+(NVDEC's layout) and :func:`i420_to_bgr` (three planes, as PyAV and FFmpeg's software decoders give) compute the
+same bytes; :func:`yuv420_to_bgr_reference` is the readable numpy version. :func:`opencv_conversion` says for which
+frames that holds, and with which colour parameters (they depend on the OpenCV version); docs/video_design.md says
+what differs.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ __all__ = [
 ]
 
 # swscale's ff_yuv2rgb_coeffs rows {crv, cbu, cgu, cgv} (16.16 fixed point, scaled for limited range), keyed by the
-# frame's AVColorSpace. Only the values OpenCV's reader converts: it fails to read a frame tagged YCgCo (8),
-# BT.2020 constant luminance (10) or any later matrix (from OpenCV 4.13 on, which converts with the frame's matrix).
-# 3 (reserved) is left out: no encoder at hand could write it.
+# frame's AVColorSpace. Only the matrices OpenCV's reader converts (from 4.13 on, which uses the frame's matrix): it
+# reads no frame, or garbage, for YCgCo (8), BT.2020 constant luminance (10) and later ones. 3 (reserved) is left
+# out: no encoder at hand could write it.
 _BT601 = (104597, 132201, 25675, 53279)
 _MATRICES = {
     0: _BT601,  # "RGB": swscale's table has BT.601 in that row
