@@ -60,4 +60,10 @@ TORCH_LIBRARY(yolo_fastdetect, m) {
   // The letterbox's host staging (CPU only): each contiguous uint8 image of images copied into packed (flat uint8,
   // contiguous, e.g. pinned memory) at its byte offset, over at most four threads.
   m.def("pack_images(Tensor(a!) packed, Tensor[] images, int[] offsets) -> ()");
+
+  // YUV 4:2:0 (8-bit) to BGR24 as OpenCV's video reader converts it on x86 (swscale's unscaled SIMD converter, 16-bit
+  // fixed point, each chroma sample serving its 2x2 pixels). luma (H, W), chroma_u and chroma_v (ceil(H / 2),
+  // ceil(W / 2)): uint8, any strides (an NVDEC surface's pitch, the halves of an NV12 plane). coefficients: swscale's
+  // [y_offset, y_coeff, v2r, u2g, v2g, u2b] for the stream's matrix and range. Returns (H, W, 3) uint8, contiguous.
+  m.def("yuv420_to_bgr(Tensor luma, Tensor chroma_u, Tensor chroma_v, int[] coefficients) -> Tensor");
 }

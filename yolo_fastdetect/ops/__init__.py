@@ -5,6 +5,13 @@ from .letterbox import LetterboxGeometry, letterbox, letterbox_geometry, scale_b
 from .multiscale_roi_align import MultiScaleRoIAlign, fpn_levels, multiscale_roi_align
 from .nms import batched_nms, non_max_suppression, non_max_suppression_reference
 from .roi_align import RoIAlign, boxes_to_rois, roi_align, roi_align_reference
+from .video_color import (
+    i420_to_bgr,
+    nv12_to_bgr,
+    opencv_conversion,
+    swscale_coefficients,
+    yuv420_to_bgr_reference,
+)
 
 __all__ = [
     "LetterboxGeometry",
@@ -15,12 +22,17 @@ __all__ = [
     "detect_decode",
     "detect_decode_reference",
     "fpn_levels",
+    "i420_to_bgr",
     "letterbox",
     "letterbox_geometry",
     "multiscale_roi_align",
     "non_max_suppression",
     "non_max_suppression_reference",
+    "nv12_to_bgr",
+    "opencv_conversion",
     "roi_align",
     "roi_align_reference",
     "scale_boxes_batch",
+    "swscale_coefficients",
+    "yuv420_to_bgr_reference",
 ]
