@@ -42,6 +42,7 @@ from ultralytics.nn.tasks import DetectionModel, OBBModel, PoseModel, Segmentati
 from yolo_fastdetect import _ext, config
 from yolo_fastdetect.graphs import default_cache
 from yolo_fastdetect.ops.letterbox import letterbox
+from yolo_fastdetect.sources.batch import ImageBatch, letterboxed_as_one_shape
 
 from ._patching import Patch, Replacement, parameters, require
 
@@ -99,7 +100,7 @@ def letterbox_options(predictor: DetectionPredictor, im) -> dict | None:
         return None
     model = predictor.model
     # Every release's pre_transform pads minimally only for a batch of one image shape.
-    auto = len({x.shape for x in im}) == 1 and _stock_pads_minimally(predictor)
+    auto = letterboxed_as_one_shape(im) and _stock_pads_minimally(predictor)
     return {
         "new_shape": tuple(predictor.imgsz),
         "auto": bool(auto),
@@ -115,27 +116,21 @@ def gpu_letterbox(predictor: DetectionPredictor) -> bool:
 
 
 def preprocess(self: DetectionPredictor, im) -> torch.Tensor:
-    """``BasePredictor.preprocess`` with the letterbox on the GPU; the stock method where that does not apply."""
-    if self.args.rect and getattr(self.dataset, "same_shapes", True) is False:
-        # A list of paths arrives in batches (PathListLoader), where stock letterboxes it as one batch: with `auto`
-        # (minimal padding) only when every image of the list has one shape. So no batch of this list takes `auto`.
-        self.args.rect = False
-        try:
-            return _letterboxed(self, im)
-        finally:
-            self.args.rect = True
-    return _letterboxed(self, im)
-
-
-def _letterboxed(self: DetectionPredictor, im) -> torch.Tensor:
-    """The model input of ``im``: the letterbox operator on a CUDA device (from the copies the loader uploaded ahead,
-    where it did), else the stock method."""
+    """``BasePredictor.preprocess`` with the letterbox on the GPU (from the copies the loader uploaded ahead, where an
+    :class:`~yolo_fastdetect.sources.ImageBatch` carries them); the stock method where that does not apply."""
     if gpu_letterbox(self):
         options = letterbox_options(self, im)
         if options is not None:
-            uploads = getattr(self.dataset, "uploads", None)
-            uploaded = uploads.take(im) if uploads is not None and uploads.device == self.device else None
+            uploaded = im.take_uploads(self.device) if isinstance(im, ImageBatch) else None
             return letterbox(im if uploaded is None else uploaded, device=self.device, **options)[0]
+    if self.args.rect and isinstance(im, ImageBatch) and im.mixed_shapes:
+        # Stock's pre_transform pads minimally (`auto`) where rect is on and its batch has one shape; this batch is
+        # part of one of mixed shapes (a list of paths, which stock letterboxes as one batch), so rect is off for it.
+        self.args.rect = False
+        try:
+            return _stock(self, "preprocess")(im)
+        finally:
+            self.args.rect = True
     return _stock(self, "preprocess")(im)
 
 

@@ -10,8 +10,9 @@ The loaders subclass Ultralytics' ``LoadImagesAndVideos`` and ``LoadPilAndNumpy`
 ``autocast_list``, ``LoadPilAndNumpy._single_check`` and ``LoadImagesAndVideos._append_image``; the plan checks those
 are there and take the model's channels (8.4.190 has them; 8.3.200-8.4.100 lack ``_append_image`` and pass
 ``_single_check`` a PIL mode, older releases take no channels at all). A list of paths arrives
-in batches, where stock letterboxes the list as one batch: ``preprocess`` reproduces that by turning ``args.rect`` off
-for a list of mixed sizes, so the plan also checks that ``pre_transform`` reads it.
+in batches, where stock letterboxes the list as one batch: each batch of a list of mixed sizes says so
+(``ImageBatch.mixed_shapes``), and ``preprocess`` reproduces it, on stock's path by turning ``args.rect`` off for the
+call, so the plan also checks that ``pre_transform`` reads it.
 """
 
 from __future__ import annotations

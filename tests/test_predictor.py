@@ -19,13 +19,14 @@ from ultralytics.models.yolo.segment import SegmentationPredictor
 from ultralytics.utils import torch_utils
 
 import yolo_fastdetect
-from conftest import asset_images, detecting_model
+from conftest import asset_images, detecting_model, devices
 from yolo_fastdetect import letterbox, letterbox_geometry, patches
 from yolo_fastdetect.bench.e2e import detection_difference
 from yolo_fastdetect.graphs import default_cache
 from yolo_fastdetect.patches import postprocess as postprocess_patch
 from yolo_fastdetect.patches import predictor as predictor_patch
 from yolo_fastdetect.patches import sources as sources_patch
+from yolo_fastdetect.sources import ImageBatch
 
 PREDICTOR_CLASSES = (BasePredictor, DetectionPredictor, SegmentationPredictor, PosePredictor, OBBPredictor)
 
@@ -152,6 +153,24 @@ def test_letterbox_options_decline_what_stock_does_differently():
     predictor.scale_fill = False
     predictor.pre_transform = lambda images: images  # a custom pre_transform
     assert predictor_patch.letterbox_options(predictor, [bus]) is None
+
+
+@pytest.mark.parametrize("device", devices())
+def test_a_batch_of_a_mixed_list_is_letterboxed_as_stock_letterboxes_the_whole_list(device, monkeypatch):
+    """An ImageBatch from a list of mixed sizes (``mixed_shapes``) takes the letterbox stock gives its whole list (no
+    minimal padding) even where the batch has one shape, on the GPU letterbox and on stock's path, and leaves
+    ``rect`` as it was; a batch of one shape otherwise pads minimally, as stock does."""
+    predictor = set_up_predictor(detecting_model(device), device, imgsz=320)
+    bus, zidane = asset_arrays()
+    ran = []
+    monkeypatch.setattr(predictor_patch, "letterbox", lambda *a, **k: ran.append(1) or letterbox(*a, **k))
+    whole_list = BasePredictor.preprocess(predictor, [zidane, zidane, bus])
+    ours = predictor.preprocess(ImageBatch([zidane, zidane], mixed_shapes=True))
+    assert predictor.args.rect and ours.shape[2:] == (320, 320) and torch.equal(ours, whole_list[:2])
+    one_shape = predictor.preprocess(ImageBatch([zidane, zidane]))
+    assert one_shape.shape[2:] != (320, 320)
+    assert torch.equal(one_shape, BasePredictor.preprocess(predictor, [zidane, zidane]))
+    assert len(ran) == (2 if device == "cuda" else 0)
 
 
 # CUDA ------------------------------------------------------------------------------------------------------------

@@ -18,8 +18,8 @@ each image (``"{i}: 480x640 ..."``, ``i`` counted over the whole list: the loade
 stock's ``write_results`` adds for its one batch); the error for a path that does not exist or is not an image,
 raised before any inference (every path's header is opened first, in parallel, as ``autocast_list`` opens them);
 and the letterbox: stock letterboxes its one batch with ``auto`` (minimal padding) only when every image of the
-list has one shape, so the loader records ``same_shapes`` for the whole list, and the patched predictor letterboxes
-each batch by it.
+list has one shape, so the loader records ``same_shapes`` for the whole list, and where it is False each batch says
+so to the patched predictor (:class:`.batch.ImageBatch`'s ``mixed_shapes``), which letterboxes it accordingly.
 """
 
 from __future__ import annotations
@@ -37,9 +37,10 @@ import torch
 from PIL import ExifTags, Image
 from ultralytics.data.loaders import LoadPilAndNumpy, SourceTypes, autocast_list
 
+from .batch import ImageBatch
 from .jpeg_bytes import ends_in_eoi
 from .prefetch import OrderedPrefetch, read_ahead_window
-from .upload import Uploads, loader_uploads
+from .upload import Upload, Uploads, loader_uploads
 
 _TRANSPOSING_ORIENTATIONS = (5, 6, 7, 8)  # EXIF orientations that exif_transpose turns by 90 degrees
 
@@ -74,9 +75,9 @@ def _opencv_jpeg(path: str | Path) -> np.ndarray | None:
 
 def _decode(
     entry: tuple[int, str | Path, bool], channels: int, uploads: Uploads | None = None
-) -> tuple[str, np.ndarray]:
+) -> tuple[str, np.ndarray, Upload | None]:
     """One list entry ``(index, path, opencv_decodes)`` as stock decodes it: its path as ``LoadPilAndNumpy`` names
-    it, and its BGR (or gray) array (uploaded ahead by ``uploads``, when given)."""
+    it, its BGR (or gray) array, and its upload ahead by ``uploads`` (when given and it applies)."""
     index, path, opencv_decodes = entry
     if opencv_decodes and (image := _opencv_jpeg(path)) is not None:
         name = os.fspath(path)
@@ -84,7 +85,7 @@ def _decode(
         pil_image = autocast_list([path])[0]
         name = getattr(pil_image, "filename", "") or f"image{index}.jpg"
         image = LoadPilAndNumpy._single_check(pil_image, channels)
-    return name, image if uploads is None else uploads.put(image)
+    return name, image, None if uploads is None else uploads.put(image)
 
 
 class PathListLoader(LoadPilAndNumpy):
@@ -131,15 +132,16 @@ class PathListLoader(LoadPilAndNumpy):
         self._images = OrderedPrefetch(decode, self._entries, self.threads, window, self.lower_priority)
         return self
 
-    def __next__(self) -> tuple[list[str], list[np.ndarray], list[str]]:
+    def __next__(self) -> tuple[list[str], ImageBatch, list[str]]:
         start = self.count
-        batch = [pair for _, pair in zip(range(self.bs), self._images)] if self._images is not None else []
+        batch = [decoded for _, decoded in zip(range(self.bs), self._images)] if self._images is not None else []
         if not batch:
             self.close()
             raise StopIteration
         self.count += len(batch)
-        paths, images = (list(column) for column in zip(*batch))
-        return paths, images, [f"{start + i}: " for i in range(len(batch))]
+        paths, images, uploads = (list(column) for column in zip(*batch))
+        info = [f"{start + i}: " for i in range(len(batch))]
+        return paths, ImageBatch(images, uploads, mixed_shapes=not self.same_shapes), info
 
     def close(self) -> None:
         """Stop the decoder threads (idempotent; the predictor calls it when it stops)."""
