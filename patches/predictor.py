@@ -42,6 +42,7 @@ from ultralytics.nn.tasks import DetectionModel, OBBModel, PoseModel, Segmentati
 from yolo_fastdetect import _ext, config
 from yolo_fastdetect.graphs import default_cache
 from yolo_fastdetect.ops.letterbox import letterbox
+from yolo_fastdetect.sources.batch import ImageBatch
 
 from ._patching import Patch, Replacement, parameters, require
 
@@ -120,8 +121,7 @@ def preprocess(self: DetectionPredictor, im) -> torch.Tensor:
     if gpu_letterbox(self):
         options = letterbox_options(self, im)
         if options is not None:
-            uploads = getattr(self.dataset, "uploads", None)
-            uploaded = uploads.take(im) if uploads is not None and uploads.device == self.device else None
+            uploaded = im.take_uploads(self.device) if isinstance(im, ImageBatch) else None
             return letterbox(im if uploaded is None else uploaded, device=self.device, **options)[0]
     return _stock(self, "preprocess")(im)
 

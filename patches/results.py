@@ -8,9 +8,10 @@ can run once on all the images of one size: on the whole batch in place where ev
 folder of one camera, a video), else on each size's images gathered and written back. The same operations on more
 elements: bit-identical to stock by construction, on every device.
 
-It applies to plain detection: the predictions are those rows (the batched NMS ran, no extra ``construct_results``
-arguments) and the predictor builds each result with ``DetectionPredictor.construct_result`` (Segment, Pose and OBB
-predictors, and subclasses that build their own, run stock). Releases without ``construct_results`` (8.3.0, which
+It applies to plain detection: the predictions are those rows (the batched NMS's ``BatchDetections``, which carries
+the padded tensor, reaches it unchanged; no extra ``construct_results`` arguments) and the predictor builds each
+result with ``DetectionPredictor.construct_result`` (Segment, Pose and OBB predictors, and subclasses that build
+their own, run stock). Releases without ``construct_results`` (8.3.0, which
 builds the results inside ``postprocess``) leave the patch off.
 """
 
@@ -24,28 +25,17 @@ from ultralytics.engine.results import Results
 from ultralytics.models.yolo.detect import DetectionPredictor
 from ultralytics.utils import ops
 
+from yolo_fastdetect.ops.nms import BatchDetections
+
 from ._patching import Patch, Replacement, parameters, require
 
 
 def padded_batch(preds: list) -> torch.Tensor | None:
-    """The float32 ``(B, max_det, 6)`` tensor whose image ``i`` the rows ``preds[i]`` begin, as the batched NMS
-    returns them (views of one padded tensor that fill its whole storage), or None where ``preds`` are anything else.
-
-    Found from the storage: under ``torch.inference_mode`` (the predictor's) views do not record their base.
-    """
-    if not isinstance(preds, list) or not preds or not all(isinstance(pred, torch.Tensor) for pred in preds):
-        return None
-    first, storage_bytes = preds[0], preds[0].untyped_storage().nbytes()
-    image_bytes, remainder = divmod(storage_bytes, len(preds))
-    max_det = image_bytes // (6 * 4)
-    if remainder or image_bytes != max_det * 6 * 4:
-        return None
-    for image, pred in enumerate(preds):  # every row float32 (6, 1)-strided at its image's offset of one storage
-        if not (pred.dtype == torch.float32 and pred.dim() == 2 and pred.shape[1] == 6 and pred.shape[0] <= max_det
-                and pred.stride() == (6, 1) and pred.storage_offset() == image * max_det * 6
-                and pred.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()):
-            return None
-    return first.as_strided((len(preds), max_det, 6), (max_det * 6, 6, 1), 0)
+    """The float32 ``(B, max_det, 6)`` tensor whose image ``i`` the rows ``preds[i]`` begin, where ``preds`` is the
+    batched NMS's :class:`~yolo_fastdetect.ops.nms.BatchDetections` as it made it; None for anything else (another
+    list, rows with extra columns such as Segment's mask coefficients)."""
+    padded = preds.padded_rows() if isinstance(preds, BatchDetections) else None
+    return padded if padded is not None and padded.shape[2] == 6 else None
 
 
 def scale_by_size(batch: torch.Tensor, input_shape: tuple[int, int], original_shapes: list[tuple]) -> None:

@@ -9,17 +9,12 @@ on the GPU (:mod:`.predictor`) the loader uploads the images ahead.
 The loaders subclass Ultralytics' ``LoadImagesAndVideos`` and ``LoadPilAndNumpy`` and decode with its ``imread``,
 ``autocast_list``, ``LoadPilAndNumpy._single_check`` and ``LoadImagesAndVideos._append_image``; the plan checks those
 are there and take the model's channels (8.4.190 has them; 8.3.200-8.4.100 lack ``_append_image`` and pass
-``_single_check`` a PIL mode, older releases take no channels at all). A list of paths arrives
-in batches, where stock letterboxes the list as one batch: ``preprocess`` reproduces that by turning ``args.rect`` off
-for a list of mixed sizes, so the plan also checks that ``pre_transform`` reads it.
+``_single_check`` a PIL mode, older releases take no channels at all). A list of paths is one batch, as stock's.
 """
 
 from __future__ import annotations
 
-import inspect
-
 from ultralytics.data import loaders
-from ultralytics.engine.predictor import BasePredictor
 from ultralytics.models.yolo.detect import DetectionPredictor
 
 from yolo_fastdetect.sources import file_loader
@@ -43,8 +38,7 @@ def setup_source(self: DetectionPredictor, source, stride: int | None = None) ->
 
 
 def _plan() -> list[Replacement]:
-    """``setup_source`` on ``DetectionPredictor``, where the stock loaders and ``pre_transform`` are as the module
-    docstring says."""
+    """``setup_source`` on ``DetectionPredictor``, where the stock loaders are as the module docstring says."""
     stock = getattr(DetectionPredictor, "setup_source", None)
     require(callable(stock) and parameters(stock) in (["self", "source"], ["self", "source", "stride"]),
             "DetectionPredictor.setup_source is not (self, source[, stride])")
@@ -57,16 +51,13 @@ def _plan() -> list[Replacement]:
             "ultralytics.data.loaders has no imread/autocast_list")
     require(parameters(loaders.LoadPilAndNumpy._single_check) == ["im", "channels"],
             "LoadPilAndNumpy._single_check does not take (im, channels)")
-    require("rect" in inspect.getattr_static(BasePredictor, "pre_transform").__code__.co_names,
-            "BasePredictor.pre_transform does not read args.rect")
     return [Replacement(DetectionPredictor, "setup_source", setup_source)]
 
 
 PATCH = Patch(
     "sources",
     "DetectionPredictor.setup_source(source[, stride]); LoadImagesAndVideos(path, batch, vid_stride, channels) with "
-    "_append_image, imread, autocast_list, LoadPilAndNumpy._single_check(im, channels); pre_transform reading "
-    "args.rect",
+    "_append_image, imread, autocast_list, LoadPilAndNumpy._single_check(im, channels)",
     _plan,
 )
 apply, revert, is_applied = PATCH.apply, PATCH.revert, PATCH.is_applied

@@ -47,7 +47,8 @@ def devices() -> list[str]:
 
 
 def pytest_addoption(parser):
-    parser.addoption("--runslow", action="store_true", help="also run tests marked slow (larger model sizes)")
+    parser.addoption("--runslow", action="store_true",
+                     help="also run the tests marked slow (the heaviest), as CI does; a machine with a GPU always does")
 
 
 def pytest_configure(config):

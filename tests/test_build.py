@@ -57,6 +57,7 @@ def finish(process: subprocess.Popen) -> tuple[str, str]:
     return stdout, stderr
 
 
+@pytest.mark.slow  # a cold build of the CPU operators: about a minute on 2 cores
 def test_concurrent_builds_then_cached(tmp_path):
     """Two processes building into one empty cache both get a working library; a third one builds nothing."""
     first, second = run_python(DECODE_CHECK, tmp_path), run_python(DECODE_CHECK, tmp_path)

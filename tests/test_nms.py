@@ -3,7 +3,9 @@ patch, and end-to-end predict/val parity."""
 
 from __future__ import annotations
 
+import copy
 import math
+import pickle
 
 import pytest
 import torch
@@ -11,6 +13,7 @@ import torch
 from conftest import asset_images, detecting_model, devices, write_tiny_dataset
 from yolo_fastdetect import _ext
 from yolo_fastdetect.ops.nms import (
+    BatchDetections,
     batched_nms,
     non_max_suppression,
     non_max_suppression_reference,
@@ -348,6 +351,31 @@ def test_messages_format_shapes_and_numbers():
         batched_nms(torch.rand(1, 8, 50), 5)
     with pytest.raises(ValueError, match="got -1e-07"):
         batched_nms(torch.rand(1, 8, 50), 4, iou_thres=-1e-7)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_the_output_carries_its_padded_tensor(generator, device):
+    """The drop-in's list of rows carries the padded tensor they are views of, only while it holds those rows; a copy
+    or a pickle is a plain list of the same rows, and the stock path returns stock's plain list."""
+    prediction = make_prediction(generator, 3, num_anchors=700).to(device)
+    rows, indices = non_max_suppression(prediction, nc=4, max_det=50, return_idxs=True)
+    assert isinstance(rows, BatchDetections) and len(rows) == len(indices) == 3
+    padded = rows.padded_rows()
+    assert padded is rows.padded and padded.shape == (3, 50, 6) and padded.device == prediction.device
+    assert all(row.data_ptr() == padded[i].data_ptr() and torch.equal(row, padded[i, : len(row)])
+               for i, row in enumerate(rows))
+    assert_same_detections(rows, stock_non_max_suppression(prediction, nc=4, max_det=50))
+    for other in (copy.copy(rows), copy.deepcopy(rows), pickle.loads(pickle.dumps(rows)), rows[:]):
+        assert type(other) is list and len(other) == 3 and all(torch.equal(a, b) for a, b in zip(other, rows))
+    rows.append(rows[0])
+    assert rows.padded_rows() is None  # a fourth image's rows that the padded tensor does not hold
+    del rows[3]
+    assert rows.padded_rows() is padded
+    rows[2] = rows[2].clone()
+    assert rows.padded_rows() is None
+    nonfinite = prediction.clone()
+    nonfinite[0, 0, 0] = math.nan  # handed to the stock function
+    assert type(non_max_suppression(nonfinite, nc=4)) is list
 
 
 def test_stock_handles_end2end_rotated_and_double(generator):

@@ -66,7 +66,7 @@ def test_opencv_route_gives_stock_bytes(tmp_path, generator):
     rng = np.random.default_rng(generator.initial_seed())
     for path in jpeg_variants(tmp_path, rng):
         assert opencv_decodes(path), path.name
-        name, image = _decode((0, path, True), 3)
+        name, image, _ = _decode((0, path, True), 3)
         expected = stock_route(path)
         assert name == str(path)
         assert image.dtype == expected.dtype and image.shape == expected.shape, path.name

@@ -1,6 +1,7 @@
-"""Upload-ahead (:mod:`yolo_fastdetect.sources.upload`): the decoder threads' GPU copies are the images' bytes, found
-again only for the very arrays that were uploaded, bounded in count and bytes; and ``model.predict`` at batch 1 on
-folders, videos and lists letterboxes every image from them, with the same results as stock."""
+"""Upload-ahead (:mod:`yolo_fastdetect.sources.upload`): the decoder threads' GPU copies are the images' bytes, handed
+over once through their handles, by a batch only while it holds the very arrays that were uploaded, bounded in count
+and bytes; and ``model.predict`` at batch 1 on folders, videos and lists letterboxes every image from them, with the
+same results as stock."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from test_sources import (  # noqa: F401
     restore_patch,
     stock_and_ours,
 )
-from yolo_fastdetect.sources import FileLoader, PathListLoader, Uploads, file_loader, upload
+from yolo_fastdetect.sources import FileLoader, ImageBatch, PathListLoader, Uploads, file_loader, upload
 
 cuda = pytest.mark.cuda
 
@@ -35,14 +36,15 @@ def random_images(generator: torch.Generator, count: int) -> list[np.ndarray]:
 def test_taken_copies_are_the_images_bytes(generator):
     uploads = Uploads(torch.device("cuda", 0), capacity=16)
     images = random_images(generator, 6)
-    assert all(uploads.put(image) is image for image in images)
-    copies = uploads.take(images[1:4])
+    handles = [uploads.put(image) for image in images]
+    assert all(handle.image is image and handle.owner is uploads for handle, image in zip(handles, images))
+    copies = uploads.take(handles[1:4])
     assert [tuple(c.shape) for c in copies] == [image.shape for image in images[1:4]]
     assert all(c.is_cuda and torch.equal(c.cpu(), torch.from_numpy(image)) for c, image in zip(copies, images[1:4]))
-    assert uploads.take(images[1:2]) is None  # taken once: the caller holds it now
-    assert uploads.take([images[0].copy()]) is None  # equal bytes, another array: not uploaded
-    assert uploads.take([images[5], images[0]]) is not None and len(uploads) == 1  # in any order; image 4 is left
-    assert uploads.take([images[4], images[4].copy()]) is None and len(uploads) == 1  # all or nothing
+    assert all(handle.tensor is None for handle in handles[1:4])  # the caller holds the copies now, not the handles
+    assert uploads.take(handles[1:2]) is None  # taken once
+    assert uploads.take([handles[5], handles[0]]) is not None and len(uploads) == 1  # in any order; image 4 is left
+    assert uploads.take([handles[4], handles[1]]) is None and len(uploads) == 1  # all or nothing
 
 
 @cuda
@@ -51,7 +53,7 @@ def test_what_is_not_a_contiguous_bgr_image_stays_on_the_host(generator):
     image = random_images(generator, 1)[0]
     others = [None, image[:, ::2], image[..., :1], image.astype(np.uint16), np.dstack([image, image[..., :1]])]
     for other in others:
-        assert uploads.put(other) is other
+        assert uploads.put(other) is None
     assert len(uploads) == 0
 
 
@@ -59,32 +61,49 @@ def test_what_is_not_a_contiguous_bgr_image_stays_on_the_host(generator):
 def test_capacity_and_byte_budget_bound_the_uploads(generator, monkeypatch):
     uploads = Uploads(torch.device("cuda", 0), capacity=3)
     images = random_images(generator, 5)
-    for image in images:
-        uploads.put(image)
-    assert len(uploads) == 3 and uploads.take(images[:1]) is None  # the oldest were dropped
-    assert uploads.take(images[2:]) is not None
+    handles = [uploads.put(image) for image in images]
+    assert len(uploads) == 3 and uploads.take(handles[:1]) is None  # the oldest were dropped
+    assert handles[0].tensor is None and handles[1].tensor is None  # and their copies freed
+    assert uploads.take(handles[2:]) is not None
     images[2] = np.ascontiguousarray(images[0][::-1])  # as large as image 0, other bytes
     monkeypatch.setattr(upload, "UPLOAD_BUDGET_BYTES", images[0].nbytes + images[1].nbytes)
     small = Uploads(torch.device("cuda", 0), capacity=8)
-    small.put(images[0]), small.put(images[1]), small.put(images[2])
-    assert len(small) == 2 and small.take(images[2:3]) is None  # over the budget: not uploaded
-    assert small.take(images[:1]) is not None  # taking returns its bytes to the budget
-    small.put(images[2])
-    assert small.take(images[1:3]) is not None
+    first, second = small.put(images[0]), small.put(images[1])
+    assert small.put(images[2]) is None and len(small) == 2  # over the budget: not uploaded
+    assert small.take([first]) is not None  # taking returns its bytes to the budget
+    third = small.put(images[2])
+    assert small.take([second, third]) is not None
+    cleared = small.put(images[0])
+    small.clear()
+    assert len(small) == 0 and cleared.tensor is None and small.take([cleared]) is None
+
+
+@cuda
+def test_a_batch_hands_over_its_uploads_only_while_it_holds_the_uploaded_images(generator):
+    uploads = Uploads(torch.device("cuda", 0), capacity=16)
+    images = random_images(generator, 3)
+    handles = [uploads.put(image) for image in images]
+    assert ImageBatch(images, handles).take_uploads(torch.device("cuda", 1)) is None  # another device
+    replaced = ImageBatch(images, handles)
+    replaced[1] = images[1].copy()  # equal bytes, another array (a callback's)
+    assert replaced.take_uploads(torch.device("cuda", 0)) is None and len(uploads) == 3
+    copies = ImageBatch(images, handles).take_uploads(torch.device("cuda", 0))
+    assert all(torch.equal(c.cpu(), torch.from_numpy(image)) for c, image in zip(copies, images))
+    assert ImageBatch(images, handles).take_uploads(torch.device("cuda", 0)) is None  # taken once
 
 
 @pytest.fixture
 def taken(monkeypatch) -> list:
-    """What each ``Uploads.take`` call returned: None where the batch was not (all) uploaded."""
+    """What each batch's ``ImageBatch.take_uploads`` returned: None where the batch was not (all) uploaded."""
     calls = []
-    original = Uploads.take
+    original = ImageBatch.take_uploads
 
-    def spy(self, images):
-        result = original(self, images)
+    def spy(self, device):
+        result = original(self, device)
         calls.append(result)
         return result
 
-    monkeypatch.setattr(Uploads, "take", spy)
+    monkeypatch.setattr(ImageBatch, "take_uploads", spy)
     return calls
 
 
@@ -118,7 +137,7 @@ def test_no_upload_ahead_above_batch_1_or_when_turned_off(model, corpus, taken, 
     assert file_loader(str(corpus), batch=batch, device=torch.device("cuda", 0)).uploads is None
     stock, ours = stock_and_ours(model, str(corpus), batch=batch, device="cuda")
     assert_same_results(stock["results"], ours["results"])
-    assert taken == []
+    assert len(taken) == len(ours["batches"]) and all(copies is None for copies in taken)
 
 
 def test_the_loaders_upload_nothing_without_a_device(corpus):
@@ -130,4 +149,6 @@ def test_the_loaders_upload_nothing_without_a_device(corpus):
 
 def test_a_cpu_predictor_uploads_nothing(model, corpus):
     for _ in model.predict(str(corpus), stream=True, device="cpu", imgsz=256):
+        images = model.predictor.batch[1]
         assert model.predictor.dataset.uploads is None
+        assert isinstance(images, ImageBatch) and all(handle is None for handle in images.uploads)

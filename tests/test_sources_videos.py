@@ -18,6 +18,7 @@ import torch
 import video_corpus
 import yolo_fastdetect
 from test_sources import model  # noqa: F401 - a fixture: test_sources' seeded model, scores without ties
+from test_sources_upload import taken  # noqa: F401 - a fixture: what each batch's take_uploads returned
 from video_corpus import write_broken, write_h264, write_opencv
 from yolo_fastdetect.sources import PathListLoader, VideoListLoader, file_loader
 from yolo_fastdetect.sources import video_list as video_list_module
@@ -91,8 +92,9 @@ def stock_per_video(model, videos: list[Path], **kwargs) -> dict[str, list]:
         yolo_fastdetect.enable()
 
 
-def assert_same_frames(ours: list, stock: dict[str, list]) -> None:
-    """Every frame of every video once, in frame order within its video, equal to stock's on that video alone."""
+def assert_same_frames(ours: list, stock: dict[str, list], atol: float = 1e-4) -> None:
+    """Every frame of every video once, in frame order within its video, equal to stock's on that video alone (boxes
+    within ``atol`` px: the fused decode rounds differently)."""
     by_video = {path: [frame for frame in ours if frame[0] == path] for path in stock}
     assert sum(map(len, by_video.values())) == len(ours)
     for path, frames in by_video.items():
@@ -100,7 +102,7 @@ def assert_same_frames(ours: list, stock: dict[str, list]) -> None:
         for (_, index, _, boxes), (*_, stock_boxes) in zip(frames, stock[path]):
             assert boxes.shape == stock_boxes.shape, (path, index)
             assert torch.equal(boxes[:, 5], stock_boxes[:, 5]), (path, index)
-            torch.testing.assert_close(boxes, stock_boxes, atol=1e-4, rtol=0)
+            torch.testing.assert_close(boxes, stock_boxes, atol=atol, rtol=0)
 
 
 @pytest.mark.parametrize(("batch", "vid_stride"), [(1, 1), (2, 1), (3, 2), (16, 1)])
@@ -111,6 +113,20 @@ def test_list_of_videos_matches_stock_per_video(model, clips, batch, vid_stride)
     assert_same_frames(ours, stock)
     if batch == 1:  # video after video, as stock reads a folder
         assert [f[:3] for f in ours] == [f[:3] for video in stock.values() for f in video]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("batch", [1, 2])
+def test_list_of_videos_on_a_gpu_letterboxes_from_the_uploads_at_batch_1(model, clips, taken, monkeypatch, batch):
+    """At batch 1 each reader thread uploads its frames and every batch hands its copies to the letterbox; above it
+    nothing is uploaded ahead. Stock's boxes either way (TF32 off: stock's DFL convolution would round otherwise)."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    stock = stock_per_video(model, clips, batch=batch, device="cuda")
+    taken.clear()
+    ours = within(TIMEOUT_S, lambda: predict(model, [str(c) for c in clips], batch=batch, device="cuda"))
+    assert isinstance(model.predictor.dataset, VideoListLoader)
+    assert_same_frames(ours, stock, atol=1e-3)
+    assert taken and all((copies is not None) == (batch == 1) for copies in taken)
 
 
 def test_batches_hold_one_frame_of_each_video_of_a_size(clips):

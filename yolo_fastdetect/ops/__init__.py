@@ -3,7 +3,7 @@
 from .detect_decode import detect_decode, detect_decode_reference
 from .letterbox import LetterboxGeometry, letterbox, letterbox_geometry, scale_boxes_batch
 from .multiscale_roi_align import MultiScaleRoIAlign, fpn_levels, multiscale_roi_align
-from .nms import batched_nms, non_max_suppression, non_max_suppression_reference
+from .nms import BatchDetections, batched_nms, non_max_suppression, non_max_suppression_reference
 from .roi_align import RoIAlign, boxes_to_rois, roi_align, roi_align_reference
 from .video_color import (
     i420_to_bgr,
@@ -14,6 +14,7 @@ from .video_color import (
 )
 
 __all__ = [
+    "BatchDetections",
     "LetterboxGeometry",
     "MultiScaleRoIAlign",
     "RoIAlign",

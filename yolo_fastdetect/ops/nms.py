@@ -4,7 +4,8 @@ Stock ``ultralytics.utils.nms.non_max_suppression`` loops over the images in Pyt
 host at every step. The operator processes the whole batch at once (on the GPU: candidate selection, a segmented
 sort and a tiled greedy suppression, with no host synchronisation) and returns fixed-size padded tensors;
 :func:`non_max_suppression` splits them into the stock list of per-image tensors with one copy of the counts
-to the host.
+to the host: a :class:`BatchDetections`, whose items are views of the padded tensor that it also carries, for a
+next layer that works on all the images at once.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def _stock_function():
 
 stock_non_max_suppression = _stock_function()  # captured at import, before any patch replaces the module attribute
 
-__all__ = ["batched_nms", "counts_and_nonfinite_flag", "image_rows", "non_max_suppression",
+__all__ = ["BatchDetections", "batched_nms", "counts_and_nonfinite_flag", "image_rows", "non_max_suppression",
            "non_max_suppression_reference", "operator_arguments"]
 
 _FAST_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -182,9 +183,9 @@ def non_max_suppression(
 
     Returns:
         (list[torch.Tensor] | tuple[list[torch.Tensor], list[torch.Tensor]]): Per image a float32
-            ``(n, 6 + nm)`` tensor ``[x1, y1, x2, y2, conf, cls, extras...]`` in descending confidence; with
-            ``return_idxs`` also per image the kept anchors' indices (int64, or an empty ``(0, 1)`` float tensor
-            where nothing is kept, as stock).
+            ``(n, 6 + nm)`` tensor ``[x1, y1, x2, y2, conf, cls, extras...]`` in descending confidence (from the
+            operator, a :class:`BatchDetections`); with ``return_idxs`` also per image the kept anchors' indices
+            (int64, or an empty ``(0, 1)`` float tensor where nothing is kept, as stock).
 
     Raises:
         ValueError: ``conf_thres`` or ``iou_thres`` outside [0, 1], ``max_det`` below 1, or ``prediction`` not
@@ -212,7 +213,7 @@ def non_max_suppression(
     *counts, nonfinite = counts_and_nonfinite_flag(counts, prediction).tolist()  # the one copy to the host
     if nonfinite:
         return _stock(stock_args)
-    output = image_rows(detections, counts)
+    output = BatchDetections(detections, counts)
     if not return_idxs:
         return output
     # Stock leaves an empty image's indices as its (0, 1) float placeholder.
@@ -273,6 +274,40 @@ def counts_and_nonfinite_flag(counts: torch.Tensor, prediction: torch.Tensor) ->
 def image_rows(detections: torch.Tensor, counts: list[int]) -> list[torch.Tensor]:
     """Each image's kept rows of the padded ``detections``, as the stock function's list (views, no copy)."""
     return [rows[:count] for rows, count in zip(detections.unbind(0), counts)]
+
+
+class BatchDetections(list):
+    """:func:`non_max_suppression`'s result: the stock function's list, per image its kept rows, which are the first
+    rows of that image in one padded ``(B, max_det, 6 + nm)`` tensor (:func:`batched_nms`'s ``detections``), carried
+    as :attr:`padded` for a next layer that works on every image at once (the results patch scales the boxes there).
+
+    Stock code takes it as the list it is; a copy, a pickle or a slice is a plain list of the same tensors.
+
+    Args:
+        padded (torch.Tensor): ``(B, max_det, 6 + nm)`` detections, zero-padded after each image's ``counts[i]``.
+        counts (Sequence[int]): Each image's kept rows.
+
+    Examples:
+        >>> detections, counts, _ = batched_nms(torch.rand(2, 4 + 80, 8400) * 640, num_classes=80, max_det=100)
+        >>> rows = BatchDetections(detections, counts.tolist())
+        >>> rows.padded_rows() is detections, [len(r) for r in rows] == counts.tolist()
+        (True, True)
+    """
+
+    def __init__(self, padded: torch.Tensor, counts: Sequence[int]):
+        super().__init__(image_rows(padded, counts))
+        self.padded = padded
+        self._rows = tuple(self)
+
+    def padded_rows(self) -> torch.Tensor | None:
+        """:attr:`padded` while the list still holds the rows it was made with (each image's tensor, in order); None
+        once a tensor of it was replaced, added or removed (the padded tensor no longer holds what the list says)."""
+        if len(self) != len(self._rows) or any(row is not made for row, made in zip(self, self._rows)):
+            return None
+        return self.padded
+
+    def __reduce__(self):
+        return list, (list(self),)
 
 
 def non_max_suppression_reference(

@@ -39,14 +39,14 @@ def decode_bytes(data: bytes, path: str, flags: int = cv2.IMREAD_COLOR) -> np.nd
     with tempfile.NamedTemporaryFile(suffix=Path(path).suffix) as file:
         file.write(data)
         file.flush()
-        return files._decode(file.name, flags, None)
+        return files._decode(file.name, flags)
 
 
 def _decode_row(row: tuple[str, bytes | None], flags: int) -> np.ndarray | str:
     """One row's image, or why it has none."""
     path, data = row
     try:
-        image = files._decode(path, flags, None) if data is None else decode_bytes(data, path, flags)
+        image = files._decode(path, flags) if data is None else decode_bytes(data, path, flags)
     except Exception as error:  # noqa: BLE001 - a decoder's own failure is this row's error, not the job's
         return f"image read error: {path}: {type(error).__name__}: {error}"
     if image is not None:

@@ -7,6 +7,9 @@ stock (streams, webcams, screenshots, URLs, in-memory images and tensors):
 - a list or tuple of paths (``str`` or ``Path``): :class:`PathListLoader`; of video paths, :class:`VideoListLoader`
   (every frame of every video, batched across the videos; a list that mixes videos and images raises ``ValueError``).
 
+Each loader's batches are stock's ``(paths, im0s, info)``, ``im0s`` an :class:`ImageBatch` (:mod:`.batch`): the list
+of images, with their uploads to the GPU and stock's letterbox geometry, which the patched ``preprocess`` asks.
+
 Settings (environment variables, read when a loader is made):
 
 - ``YOLO_FASTDETECT_SOURCES=0``: Ultralytics' own loaders;
@@ -27,6 +30,7 @@ from pathlib import Path
 import torch
 
 from .. import config
+from .batch import ImageBatch
 from .files import FileLoader
 from .path_list import PathListLoader
 from .prefetch import OrderedPrefetch
@@ -34,8 +38,8 @@ from .upload import Uploads
 from .video import VideoReader
 from .video_list import VideoListLoader, is_video_list
 
-__all__ = ["FileLoader", "OrderedPrefetch", "PathListLoader", "Uploads", "VideoListLoader", "VideoReader",
-           "decode_threads", "file_loader", "read_ahead"]
+__all__ = ["FileLoader", "ImageBatch", "OrderedPrefetch", "PathListLoader", "Uploads", "VideoListLoader",
+           "VideoReader", "decode_threads", "file_loader", "read_ahead"]
 
 SOURCES_VARIABLE = "YOLO_FASTDETECT_SOURCES"
 THREADS_VARIABLE = "YOLO_FASTDETECT_DECODE_THREADS"

@@ -22,9 +22,10 @@ import torch
 from ultralytics.data import loaders
 from ultralytics.data.loaders import LoadImagesAndVideos, SourceTypes
 
+from .batch import ImageBatch
 from .gpu_jpeg import EncodedJpeg, decode_on_gpu, read_for_gpu
 from .prefetch import OrderedPrefetch, read_ahead_window
-from .upload import Uploads, loader_uploads
+from .upload import Upload, Uploads, loader_uploads
 from .video import VIDEO_END, VideoReader, VideoStart
 
 # Ultralytics decodes these suffixes (HEIC, AVIF, ...) through lazily registered PIL plugins, which it keeps serial
@@ -32,21 +33,25 @@ from .video import VIDEO_END, VideoReader, VideoStart
 _PIL_FALLBACK_LOCK = threading.Lock()
 
 
-def _decode(path: str, flags: int, uploads: Uploads | None) -> np.ndarray | None:
-    """One image as ``LoadImagesAndVideos`` decodes it: Ultralytics' ``imread`` (None when unreadable); uploaded
-    ahead by ``uploads``, when given."""
+def _decode(path: str, flags: int) -> np.ndarray | None:
+    """One image as ``LoadImagesAndVideos`` decodes it: Ultralytics' ``imread`` (None when unreadable)."""
     if Path(path).suffix.lower() in loaders.PIL_FALLBACK_SUFFIXES:
         with _PIL_FALLBACK_LOCK:
-            image = loaders.imread(path, flags=flags)
-    else:
-        image = loaders.imread(path, flags=flags)
-    return image if uploads is None else uploads.put(image)
+            return loaders.imread(path, flags=flags)
+    return loaders.imread(path, flags=flags)
 
 
-def _read_or_decode(path: str, flags: int, uploads: Uploads | None) -> EncodedJpeg | np.ndarray | None:
-    """With GPU JPEG decoding: a JPEG for the GPU as its bytes, any other file decoded as :func:`_decode` does."""
+def _decode_and_upload(path: str, flags: int, uploads: Uploads | None) -> tuple[np.ndarray | None, Upload | None]:
+    """One image decoded as :func:`_decode` does, and its upload ahead by ``uploads`` (when given and it applies)."""
+    image = _decode(path, flags)
+    return image, None if uploads is None else uploads.put(image)
+
+
+def _read_or_decode(path: str, flags: int, uploads: Uploads | None) -> tuple[EncodedJpeg | np.ndarray | None,
+                                                                            Upload | None]:
+    """With GPU JPEG decoding: a JPEG for the GPU as its bytes, any other file as :func:`_decode_and_upload`."""
     jpeg = read_for_gpu(path) if flags == cv2.IMREAD_COLOR else None
-    return jpeg if jpeg is not None else _decode(path, flags, uploads)
+    return (jpeg, None) if jpeg is not None else _decode_and_upload(path, flags, uploads)
 
 
 class FileLoader(LoadImagesAndVideos):
@@ -63,7 +68,7 @@ class FileLoader(LoadImagesAndVideos):
         threads (int): Image decoder threads.
         read_ahead (int): Batches decoded ahead of the consumer.
         upload_to (torch.device | None): A CUDA device to upload the decoded images to from the decoder threads
-            (:mod:`.upload`; the copies ride in :attr:`uploads`), or None.
+            (:mod:`.upload`; each batch carries its images' copies, :class:`.batch.ImageBatch`), or None.
         gpu_jpeg (torch.device | None): A CUDA device to decode the baseline JPEGs on (:mod:`.gpu_jpeg`, opt-in:
             not stock's pixels), or None.
         lower_priority (bool): Decoder threads below the caller's priority (:class:`.OrderedPrefetch`; for a
@@ -93,7 +98,7 @@ class FileLoader(LoadImagesAndVideos):
         self.close()
         self.count = 0
         if self.ni:
-            decode = partial(_read_or_decode if self._gpu_jpeg else _decode, flags=self.cv2_flag,
+            decode = partial(_read_or_decode if self._gpu_jpeg else _decode_and_upload, flags=self.cv2_flag,
                              uploads=self.uploads if self._upload_ahead else None)
             window = read_ahead_window(self.bs, self.threads, self.read_ahead)
             self._images = OrderedPrefetch(decode, self.files[: self.ni], self.threads, window, self.lower_priority)
@@ -103,18 +108,18 @@ class FileLoader(LoadImagesAndVideos):
                                        on_frame=self.uploads.put if self._upload_ahead else None)
         return self
 
-    def __next__(self) -> tuple[list[str], list[np.ndarray], list[str]]:
+    def __next__(self) -> tuple[list[str], ImageBatch, list[str]]:
         while True:
-            paths, images, info = self._next_batch()
+            paths, images, info, uploads = self._next_batch()
             if self._gpu_jpeg:
-                self._decode_jpegs(paths, images, info)
+                self._decode_jpegs(paths, images, info, uploads)
             if paths:  # (empty only where every file of the batch failed on both decoders)
-                return paths, images, info
+                return paths, ImageBatch(images, uploads), info
 
-    def _decode_jpegs(self, paths: list, images: list, info: list) -> None:
+    def _decode_jpegs(self, paths: list, images: list, info: list, uploads: list) -> None:
         """Replace the batch's :class:`EncodedJpeg` items by their images, decoded on the GPU in one call (their GPU
-        copies held in :attr:`uploads`, with uploads of the batch's other images), or on the CPU where that call
-        fails; a file neither decodes is dropped with stock's warning."""
+        copies in ``uploads``, with uploads of the batch's other images), or on the CPU where that call fails; a
+        file neither decodes is dropped with stock's warning."""
         jobs = [i for i, image in enumerate(images) if isinstance(image, EncodedJpeg)]
         if not jobs:
             return
@@ -124,35 +129,40 @@ class FileLoader(LoadImagesAndVideos):
                 images[i] = loaders.imread(paths[i], flags=self.cv2_flag)
             else:
                 images[i], copy = decoded[n]
-                self.uploads.add(images[i], copy)
+                uploads[i] = self.uploads.add(images[i], copy)
         if decoded is not None:  # the batch's CPU-decoded files join it on the GPU, so that it is letterboxed there
             for i in set(range(len(images))) - set(jobs):
-                self.uploads.put(images[i])
+                uploads[i] = uploads[i] or self.uploads.put(images[i])  # (at batch 1 the decoder threads did)
         for i in reversed(jobs):
             if images[i] is None:
                 loaders.LOGGER.warning(f"Image Read Error {paths[i]}")
-                del paths[i], images[i], info[i]
+                del paths[i], images[i], info[i], uploads[i]
 
-    def _next_batch(self) -> tuple[list[str], list, list[str]]:
-        paths, images, info = [], [], []
+    def _next_batch(self) -> tuple[list[str], list, list[str], list[Upload | None]]:
+        """The next batch's paths, images, ``info`` strings and, per image, its upload (None where not uploaded)."""
+        paths, images, info, uploads = [], [], [], []
         while len(images) < self.bs:
             if self.count >= self.nf:
                 if images:
-                    return paths, images, info
+                    return paths, images, info, uploads
                 self.close()
                 raise StopIteration
             if self.video_flag[self.count]:
-                if self._next_frame(paths, images, info):
+                if self._next_frame(paths, images, info, uploads):
                     break
             else:
                 self.mode = "image"
-                self._append_image(paths, images, info, self.files[self.count], next(self._images), self.count + 1)
+                image, upload = next(self._images)
+                before = len(images)
+                self._append_image(paths, images, info, self.files[self.count], image, self.count + 1)
+                if len(images) > before:  # stock's method skips an unreadable image with its warning
+                    uploads.append(upload)
                 self.count += 1
                 if self.count >= self.ni and images:  # flush the images before the videos start
                     break
-        return paths, images, info
+        return paths, images, info, uploads
 
-    def _next_frame(self, paths: list, images: list, info: list) -> bool:
+    def _next_frame(self, paths: list, images: list, info: list, uploads: list) -> bool:
         """Add the current video's next frame to the batch; True when the batch ends here (its video ended)."""
         self.mode = "video"
         if not self._in_video:
@@ -167,6 +177,7 @@ class FileLoader(LoadImagesAndVideos):
         self.frame += 1
         paths.append(path)
         images.append(item.image)
+        uploads.append(item.upload)
         info.append(f"video {self.count + 1}/{self.nf} (frame {self.frame}/{self.frames}) {path}: ")
         if item.last:
             self.count += 1

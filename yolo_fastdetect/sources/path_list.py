@@ -34,9 +34,10 @@ import torch
 from PIL import ExifTags, Image
 from ultralytics.data.loaders import LoadPilAndNumpy, SourceTypes, autocast_list
 
+from .batch import ImageBatch
 from .jpeg_bytes import ends_in_eoi
 from .prefetch import OrderedPrefetch, read_ahead_window
-from .upload import Uploads, loader_uploads
+from .upload import Upload, Uploads, loader_uploads
 
 
 def opencv_decodes(path: str | Path) -> bool:
@@ -59,9 +60,9 @@ def _opencv_jpeg(path: str | Path) -> np.ndarray | None:
 
 def _decode(
     entry: tuple[int, str | Path, bool], channels: int, uploads: Uploads | None = None
-) -> tuple[str, np.ndarray]:
+) -> tuple[str, np.ndarray, Upload | None]:
     """One list entry ``(index, path, opencv_decodes)`` as stock decodes it: its path as ``LoadPilAndNumpy`` names
-    it, and its BGR (or gray) array (uploaded ahead by ``uploads``, when given)."""
+    it, its BGR (or gray) array, and its upload ahead by ``uploads`` (when given and it applies)."""
     index, path, opencv_decodes = entry
     if opencv_decodes and (image := _opencv_jpeg(path)) is not None:
         name = os.fspath(path)
@@ -69,7 +70,7 @@ def _decode(
         pil_image = autocast_list([path])[0]
         name = getattr(pil_image, "filename", "") or f"image{index}.jpg"
         image = LoadPilAndNumpy._single_check(pil_image, channels)
-    return name, image if uploads is None else uploads.put(image)
+    return name, image, None if uploads is None else uploads.put(image)
 
 
 class PathListLoader(LoadPilAndNumpy):
@@ -114,15 +115,16 @@ class PathListLoader(LoadPilAndNumpy):
         self._images = OrderedPrefetch(decode, self._entries, self.threads, window, self.lower_priority)
         return self
 
-    def __next__(self) -> tuple[list[str], list[np.ndarray], list[str]]:
+    def __next__(self) -> tuple[list[str], ImageBatch, list[str]]:
         start = self.count
-        batch = [pair for _, pair in zip(range(self.bs), self._images)] if self._images is not None else []
+        batch = [decoded for _, decoded in zip(range(self.bs), self._images)] if self._images is not None else []
         if not batch:
             self.close()
             raise StopIteration
         self.count += len(batch)
-        paths, images = (list(column) for column in zip(*batch))
-        return paths, images, [f"{start + i}: " for i in range(len(batch))]
+        paths, images, uploads = (list(column) for column in zip(*batch))
+        info = [f"{start + i}: " for i in range(len(batch))]
+        return paths, ImageBatch(images, uploads), info
 
     def close(self) -> None:
         """Stop the decoder threads (idempotent; the predictor calls it when it stops)."""

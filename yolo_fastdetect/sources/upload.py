@@ -7,8 +7,9 @@ into pinned memory and starts its transfer; the predictor waits for the transfer
 is worth it where the predictor's thread bounds the pipeline, at batch 1 (the measurement is in
 :mod:`yolo_fastdetect.sources`, which decides where it applies).
 
-:class:`Uploads` finds an image's copy by the image's identity: the loader returns the same numpy arrays (stock's
-``im0s``, which ``Results`` keep), and the copies ride beside them.
+:meth:`Uploads.put` returns an :class:`Upload`, the handle of one image's copy, which the loader carries beside the
+image to the batch it returns (:class:`.batch.ImageBatch`: stock's ``im0s``, the same numpy arrays, which ``Results``
+keep); the predictor asks the batch for the copies, and :meth:`Uploads.take` hands them over.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -26,17 +26,28 @@ from .prefetch import read_ahead_window
 UPLOAD_BUDGET_BYTES = 4 << 30  # at most this much (or an eighth of the GPU's memory) uploaded ahead at once
 
 
-@dataclass(frozen=True)
-class _Upload:
-    image: np.ndarray  # the host image (held, so that its id is not reused while the entry lives)
-    tensor: torch.Tensor  # its (H, W, 3) uint8 copy on the GPU
-    done: torch.cuda.Event  # recorded on the copy's stream after it
+class Upload:
+    """The handle of one image's copy on the GPU, made on a decoder thread by :meth:`Uploads.put` (or
+    :meth:`Uploads.add`), carried with the image to its batch; :meth:`Uploads.take` hands the copy over once.
+
+    Attributes:
+        image (np.ndarray): The host image (held, so that a batch can check that it still holds this image).
+        tensor (torch.Tensor | None): Its ``(H, W, 3)`` uint8 copy on the GPU; None once taken, or dropped by the
+            :class:`Uploads` that made it (over its capacity, or cleared).
+        done (torch.cuda.Event): Recorded on the copy's stream after it.
+        owner (Uploads): What made it, and takes it.
+    """
+
+    __slots__ = ("done", "image", "owner", "tensor")
+
+    def __init__(self, image: np.ndarray, tensor: torch.Tensor, done: torch.cuda.Event, owner: Uploads):
+        self.image, self.tensor, self.done, self.owner = image, tensor, done, owner
 
 
 class Uploads:
     """Images uploaded ahead to ``device``: :meth:`put` on a decoder thread, :meth:`take` on the predictor's.
 
-    At most ``capacity`` images (oldest dropped first: a dropped image's batch is uploaded by the predictor as
+    At most ``capacity`` copies held (oldest dropped first: a dropped image's batch is uploaded by the predictor as
     without upload-ahead) and :data:`UPLOAD_BUDGET_BYTES` or an eighth of the GPU's memory, whichever is less (an
     image that would exceed it, or that finds the GPU out of memory, stays on the host).
 
@@ -46,8 +57,8 @@ class Uploads:
 
     Examples:
         >>> uploads = Uploads(torch.device("cuda", 0), capacity=8)
-        >>> image = uploads.put(np.zeros((480, 640, 3), np.uint8))  # on a decoder thread
-        >>> tensors = uploads.take([image])  # on the predictor's thread: [(480, 640, 3) uint8 on cuda:0]
+        >>> upload = uploads.put(np.zeros((480, 640, 3), np.uint8))  # on a decoder thread
+        >>> tensors = uploads.take([upload])  # on the predictor's thread: [(480, 640, 3) uint8 on cuda:0]
     """
 
     def __init__(self, device: torch.device, capacity: int):
@@ -55,32 +66,33 @@ class Uploads:
         self._capacity = max(1, capacity)
         self._budget = min(UPLOAD_BUDGET_BYTES, torch.cuda.get_device_properties(device).total_memory // 8)
         self._stream = torch.cuda.Stream(device)
-        self._entries: OrderedDict[int, _Upload] = OrderedDict()
+        self._held: OrderedDict[Upload, None] = OrderedDict()  # the copies not taken yet, oldest first
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def put(self, image: np.ndarray | None) -> np.ndarray | None:
-        """Start copying ``image`` to the GPU (a contiguous uint8 BGR image; anything else is left alone); returns
-        ``image``, so that it can wrap a decode function's result."""
+    def put(self, image: np.ndarray | None) -> Upload | None:
+        """Start copying ``image`` to the GPU: its :class:`Upload`, or None where it stays on the host (not a
+        contiguous uint8 BGR image, over the budget, or the GPU out of memory)."""
         if not (isinstance(image, np.ndarray) and image.dtype == np.uint8 and image.ndim == 3
                 and image.shape[2] == 3 and image.flags.c_contiguous) or not self._reserve(image):
-            return image
+            return None
         try:
             with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
                 # pin_memory copies on this thread; the transfer runs on the side stream. The caching host allocator
                 # reuses the pinned block only after the transfer that reads it has completed.
                 tensor = torch.from_numpy(image).pin_memory().to(self.device, non_blocking=True)
-                self._register(image, tensor, self._stream)
+                return self._register(image, tensor, self._stream)
         except torch.OutOfMemoryError:
             with self._lock:
                 self._bytes -= image.nbytes
-        return image
+            return None
 
-    def add(self, image: np.ndarray, tensor: torch.Tensor) -> None:
-        """Hold ``tensor``, ``image``'s copy already on the device (written on its current stream), for :meth:`take`
-        (unless that exceeds the budget: the predictor then uploads ``image``)."""
-        if self._reserve(image):
-            self._register(image, tensor, torch.cuda.current_stream(self.device))
+    def add(self, image: np.ndarray, tensor: torch.Tensor) -> Upload | None:
+        """Hold ``tensor``, ``image``'s copy already on the device (written on its current stream): its
+        :class:`Upload`, or None where that exceeds the budget (the predictor then uploads ``image``)."""
+        if not self._reserve(image):
+            return None
+        return self._register(image, tensor, torch.cuda.current_stream(self.device))
 
     def _reserve(self, image: np.ndarray) -> bool:
         """Count ``image``'s bytes against the budget; False where they do not fit."""
@@ -90,38 +102,46 @@ class Uploads:
             self._bytes += image.nbytes  # reserved now, so that concurrent decoders respect the budget
             return True
 
-    def _register(self, image: np.ndarray, tensor: torch.Tensor, stream: torch.cuda.Stream) -> None:
+    def _register(self, image: np.ndarray, tensor: torch.Tensor, stream: torch.cuda.Stream) -> Upload:
         done = torch.cuda.Event()
         done.record(stream)
+        upload = Upload(image, tensor, done, self)
         with self._lock:
-            self._entries[id(image)] = _Upload(image, tensor, done)
-            while len(self._entries) > self._capacity:
-                self._bytes -= self._entries.popitem(last=False)[1].image.nbytes
+            self._held[upload] = None
+            while len(self._held) > self._capacity:
+                self._release(next(iter(self._held)))
+        return upload
 
-    def take(self, images: Sequence[np.ndarray]) -> list[torch.Tensor] | None:
-        """The GPU copies of ``images``, usable on the device's current stream, or None unless every one of them was
-        uploaded. The copies are forgotten here: the caller holds them from now on."""
+    def _release(self, upload: Upload) -> None:
+        """Forget ``upload`` and return its bytes (under the lock): its handle no longer holds the copy."""
+        del self._held[upload]
+        self._bytes -= upload.image.nbytes
+        upload.tensor = None
+
+    def take(self, uploads: Sequence[Upload]) -> list[torch.Tensor] | None:
+        """The copies of ``uploads`` (this object's), usable on the device's current stream, or None unless every one
+        of them is still held. The copies are forgotten here: the caller holds them from now on."""
         with self._lock:
-            entries = [self._entries.get(id(image)) for image in images]
-            if not all(entry is not None and entry.image is image for entry, image in zip(entries, images)):
+            if not all(upload in self._held for upload in uploads):
                 return None
-            for entry in entries:
-                if self._entries.pop(id(entry.image), None) is not None:
-                    self._bytes -= entry.image.nbytes
+            tensors = [upload.tensor for upload in uploads]
+            for upload in uploads:
+                if upload in self._held:  # (an upload listed twice is released once)
+                    self._release(upload)
         stream = torch.cuda.current_stream(self.device)
-        for entry in entries:
-            stream.wait_event(entry.done)
-            entry.tensor.record_stream(stream)  # allocated on the side stream, used and freed on this one
-        return [entry.tensor for entry in entries]
+        for upload, tensor in zip(uploads, tensors):
+            stream.wait_event(upload.done)
+            tensor.record_stream(stream)  # allocated on the side stream, used and freed on this one
+        return tensors
 
     def clear(self) -> None:
         """Drop every copy not taken yet (the loader stops)."""
         with self._lock:
-            self._entries.clear()
-            self._bytes = 0
+            for upload in list(self._held):
+                self._release(upload)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._held)
 
 
 def loader_uploads(upload_to: torch.device | None, batch: int, threads: int, read_ahead: int) -> Uploads | None:

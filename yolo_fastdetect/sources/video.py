@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
+from .upload import Upload
+
 # How often a blocked reader or consumer looks whether the other side has stopped (seconds).
 _POLL_S = 0.05
 
@@ -32,10 +34,12 @@ class VideoStart:
 
 @dataclass(frozen=True)
 class VideoFrame:
-    """One decoded frame; ``last`` when it is the video's reported last frame (stock ends the video there)."""
+    """One decoded frame; ``last`` when it is the video's reported last frame (stock ends the video there); its
+    ``upload`` to the GPU, where the reader's ``on_frame`` made one."""
 
     image: np.ndarray
     last: bool
+    upload: Upload | None = None
 
 
 VIDEO_END = "end"  # a grab failed: the video ended before its reported frame count (or could not be read on)
@@ -77,10 +81,9 @@ def _read_one(path: str, vid_stride: int, gray: bool, on_frame: Callable | None,
             if retrieved and image is not None:
                 if gray:
                     image = cv2.cvtColor(image, cv2.COLOR_BGR2GRAY)[..., None]
-                if on_frame is not None:
-                    image = on_frame(image)
+                upload = on_frame(image) if on_frame is not None else None
                 frame += 1
-                if not _put(frames, stop, VideoFrame(image, last=frame == count)):
+                if not _put(frames, stop, VideoFrame(image, frame == count, upload)):
                     return False
                 if frame == count:
                     return True
@@ -111,12 +114,12 @@ class VideoReader:
     :meth:`get` returns, per video, a :class:`VideoStart`, then its :class:`VideoFrame` items, then
     :data:`VIDEO_END` unless the last frame said ``last``; it raises what the reader raised (a video that did not
     open, a decoder error). The thread and its open capture end at :meth:`close` or garbage collection.
-    ``on_frame(image)``, when given, runs on the reader's thread for each frame and returns the frame to queue (the
-    upload-ahead of :mod:`.upload`).
+    ``on_frame(image)``, when given, runs on the reader's thread for each frame and returns the frame's upload, which
+    the frame carries (the upload-ahead of :mod:`.upload`).
     """
 
     def __init__(self, paths: Sequence[str], vid_stride: int, gray: bool, capacity: int,
-                 on_frame: Callable[[np.ndarray], np.ndarray] | None = None):
+                 on_frame: Callable[[np.ndarray], Upload | None] | None = None):
         self._frames: queue.Queue = queue.Queue(maxsize=max(1, capacity))
         stop = threading.Event()
         self._thread = threading.Thread(

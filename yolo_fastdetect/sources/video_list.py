@@ -37,11 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import cv2
-import numpy as np
 import torch
 from ultralytics.data.loaders import LoadImagesAndVideos, SourceTypes
 from ultralytics.data.utils import IMG_FORMATS, VID_FORMATS
 
+from .batch import ImageBatch
 from .upload import Uploads
 from .video import VIDEO_END, VideoFrame, VideoReader, VideoStart
 
@@ -171,7 +171,7 @@ class VideoListLoader(LoadImagesAndVideos):
         video.next = item
         return True
 
-    def __next__(self) -> tuple[list[str], list[np.ndarray], list[str]]:
+    def __next__(self) -> tuple[list[str], ImageBatch, list[str]]:
         for slot, video in enumerate(self._slots):
             if video is None:
                 self._slots[slot] = self._next_video()
@@ -187,18 +187,19 @@ class VideoListLoader(LoadImagesAndVideos):
         taken = [slot for slot in open_slots if self._group(self._slots[slot]) == group]
         others = [slot for slot in open_slots if slot not in taken]  # the turn passes to the next one of these
         self._turn = next((slot for slot in others if slot > turn), others[0] if others else turn)
-        paths, images, info = [], [], []
+        paths, images, info, uploads = [], [], [], []
         for slot in taken:
             video = self._slots[slot]
             video.frame += 1
             path = self.files[video.index]
             paths.append(path)
             images.append(video.next.image)
+            uploads.append(video.next.upload)
             info.append(f"video {video.index + 1}/{self.nf} (frame {video.frame}/{video.frames}) {path}: ")
             self.frame, self.frames, self.fps = video.frame, video.frames, video.fps
             if not self._advance(video):
                 self._slots[slot] = None
-        return paths, images, info
+        return paths, ImageBatch(images, uploads), info
 
     @staticmethod
     def _group(video: _OpenVideo) -> tuple:
