@@ -77,7 +77,8 @@ def _pynvvideocodec():
     except ImportError:
         return "PyNvVideoCodec is not installed (pip install 'yolo-fastdetect[video]')"
     except Exception as error:  # noqa: BLE001 - its import checks the driver and raises RuntimeError without one
-        return f"PyNvVideoCodec does not load: {str(error).strip().splitlines()[0] if str(error).strip() else error!r}"
+        lines = str(error).strip().splitlines()  # the first: the rest is its troubleshooting text
+        return f"PyNvVideoCodec does not load: {lines[0] if lines else type(error).__name__}"
     return PyNvVideoCodec
 
 
