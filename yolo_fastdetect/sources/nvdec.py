@@ -27,7 +27,8 @@ import torch
 from .. import _ext
 from ..ops.video_color import nv12_to_bgr, opencv_conversion
 
-__all__ = ["NvdecLayoutError", "NvdecVideo", "StreamTags", "nvdec_unavailable_reason", "probe_stream", "stream_reason"]
+__all__ = ["NvdecLayoutError", "NvdecVideo", "StreamTags", "nvdec_unavailable_reason", "package_problem",
+           "probe_stream", "stream_reason"]
 
 # FFmpeg's codec names of the streams decoded here (NVDEC decodes others, not checked against cv2).
 NVDEC_CODECS = ("h264", "hevc")
@@ -80,6 +81,13 @@ def _pynvvideocodec():
         lines = str(error).strip().splitlines()  # the first: the rest is its troubleshooting text
         return f"PyNvVideoCodec does not load: {lines[0] if lines else type(error).__name__}"
     return PyNvVideoCodec
+
+
+def package_problem() -> str | None:
+    """Why PyNvVideoCodec cannot be used (not installed, or it does not load: no driver), one line; None where it
+    loads."""
+    module = _pynvvideocodec()
+    return module if isinstance(module, str) else None
 
 
 def probe_stream(path: str) -> StreamTags | None:
@@ -139,9 +147,9 @@ def nvdec_unavailable_reason(path: str) -> str | None:
         >>> nvdec_unavailable_reason("clip.mp4")  # doctest: +SKIP
         'PyNvVideoCodec is not installed (pip install \\'yolo-fastdetect[video]\\')'
     """
-    module = _pynvvideocodec()
-    if isinstance(module, str):
-        return module
+    problem = package_problem()
+    if problem is not None:
+        return problem
     if not torch.cuda.is_available():
         return "no CUDA device"
     if not _ext.has_cuda_kernels():
