@@ -194,12 +194,13 @@ class NvdecVideo:
         reason = "PyAV decodes no frame of it" if self.tags is None else stream_reason(self.tags)
         if reason is not None:
             raise ValueError(f"NvdecVideo: {path}: {reason}")
-        self.device = torch.device(device)
+        device = torch.device(device)
+        self.device = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
         self.stream = torch.cuda.Stream(self.device)
         self._conversion = self.tags.conversion()
         self._converted = torch.cuda.Event()  # the last frame's conversion: its buffer is the decoder's until then
         self._demuxer = module.CreateDemuxer(filename=path)
-        self._decoder = module.CreateDecoder(gpuid=self.device.index or 0, codec=self._demuxer.GetNvCodecId(),
+        self._decoder = module.CreateDecoder(gpuid=self.device.index, codec=self._demuxer.GetNvCodecId(),
                                              cudacontext=0, cudastream=self.stream.cuda_stream, usedevicememory=True)
 
     def __enter__(self) -> NvdecVideo:
