@@ -108,7 +108,7 @@ _DECLARED = [
              "most CUDA graphs each cache keeps, least recently used dropped first; 0 captures none (read at each "
              "call)", minimum=0),
     Variable("YOLO_FASTDETECT_SOURCES", SWITCH, True, "1",
-             "`0`: Ultralytics' own loaders for every source (read as a loader is made, as are the five below)"),
+             "`0`: Ultralytics' own loaders for every source (read as a loader is made, as are the seven below)"),
     Variable("YOLO_FASTDETECT_DECODE_THREADS", INTEGER, _decoder_threads, "CPU cores - 1",
              "decoder threads of a file source", minimum=1),
     Variable("YOLO_FASTDETECT_READ_AHEAD", INTEGER, 2, "2",
@@ -120,6 +120,9 @@ _DECLARED = [
     Variable("YOLO_FASTDETECT_GPU_JPEG", SWITCH, False, "0",
              "`1` (opt-in, not stock's pixels): a folder's, glob's or list's baseline JPEGs decode on the GPU "
              "(nvJPEG)"),
+    Variable("YOLO_FASTDETECT_GPU_VIDEO", SWITCH, False, "0",
+             "`1`: H.264 and HEVC videos decode on the GPU (NVDEC, the `[video]` extra) where that gives cv2's "
+             "frames; one log line says why where it does not"),
     Variable("YOLO_FASTDETECT_DECODER_NICE", SWITCH, True, "1",
              "`0`: the decoder threads of a GPU predictor keep its priority (by default nice +5, Linux)"),
     Variable("YOLO_FASTDETECT_BENCH_SCALE_TIMES", PATH, None, "unset",

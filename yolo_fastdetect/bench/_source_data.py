@@ -1,6 +1,7 @@
 """The files ``bench sources`` reads, made offline from the wheel's bus.jpg and zidane.jpg: JPEGs of several sizes
 and qualities, each a different random crop (so no two files are alike), and mp4 clips that pan across the two
-images (so that consecutive frames differ and the decoder has real work)."""
+images (so that consecutive frames differ and the decoder has real work): mp4v, the encoder OpenCV's wheels carry,
+or H.264 through PyAV (libx264, yuv420p, BT.709-tagged as HD cameras write it)."""
 
 from __future__ import annotations
 
@@ -43,12 +44,38 @@ def write_jpegs(folder: Path, count: int, sizes=SIZES, qualities=QUALITIES, seed
     return sorted(paths)
 
 
-def write_clip(path: Path, frames: int, width: int, height: int, fps: float = 30.0) -> Path:
-    """An mp4 (mp4v: the encoder OpenCV's wheels carry) of ``frames`` frames panning across the two assets."""
+def _panning(frames: int, width: int, height: int) -> list[np.ndarray]:
+    """``frames`` BGR frames panning across the two assets."""
     strip = np.concatenate([cv2.resize(image, (width, height)) for image in _assets() * 2], axis=1)
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
-    for index in range(frames):
-        shift = index * (strip.shape[1] - width) // max(1, frames - 1)
-        writer.write(np.ascontiguousarray(strip[:, shift : shift + width]))
+    shifts = (index * (strip.shape[1] - width) // max(1, frames - 1) for index in range(frames))
+    return [np.ascontiguousarray(strip[:, shift : shift + width]) for shift in shifts]
+
+
+def write_clip(path: Path, frames: int, width: int, height: int, fps: float = 30.0, codec: str = "mp4v") -> Path:
+    """An mp4 of ``frames`` frames panning across the two assets, ``codec`` "mp4v" (OpenCV's writer) or "h264"
+    (PyAV's libx264: needs ``av``)."""
+    if codec == "h264":
+        return _write_h264(path, _panning(frames, width, height), width, height, fps)
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*codec), fps, (width, height))
+    for image in _panning(frames, width, height):
+        writer.write(image)
     writer.release()
+    return path
+
+
+def _write_h264(path: Path, images: list[np.ndarray], width: int, height: int, fps: float) -> Path:
+    import av
+
+    bt709 = 1  # AVColorSpace, AVColorPrimaries and AVColorTransferCharacteristic share the code
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=round(fps), options={"preset": "veryfast"})
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        context = stream.codec_context
+        context.colorspace = context.color_primaries = context.color_trc = bt709
+        context.color_range = 1  # limited
+        for image in images:
+            frame = av.VideoFrame.from_ndarray(image, format="bgr24").reformat(format="yuv420p",
+                                                                               dst_colorspace="itu709")
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
     return path

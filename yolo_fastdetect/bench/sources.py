@@ -2,8 +2,8 @@
 
 It writes its own data in a temporary folder (``--keep DIR`` keeps it there): ``--images`` JPEGs cycling through
 640x480, 1280x720, 1920x1080 and 3840x2160 at qualities 75/90/95 (random crops of the wheel's images), and a 720p
-and a 1080p mp4 clip of ``--frames`` frames. Then, in one process on one model (toggled with
-``yolo_fastdetect.disable()`` / ``enable()``), with ``stream=True``, fp16 on CUDA:
+and a 1080p mp4 clip of ``--frames`` frames (mp4v; also H.264 where ``--gpu-video`` runs). Then, in one process on
+one model (toggled with ``yolo_fastdetect.disable()`` / ``enable()``), with ``stream=True``, fp16 on CUDA:
 
 - a Python list of the paths, and the folder, at each ``--batches``; each clip at each ``--video-batches``;
 - per case: stock and ours (an untimed pass first, then the median of ``--repeats`` passes), in images (frames)
@@ -13,7 +13,9 @@ and a 1080p mp4 clip of ``--frames`` frames. Then, in one process on one model (
 - ``--sources`` picks the cases (``list``, ``folder``, ``video``); ``--gpu-jpeg`` also times ours on the folder with
   ``YOLO_FASTDETECT_GPU_JPEG=1`` (nvJPEG, opt-in: not stock's pixels, so its detections are compared too);
   ``--nice-off`` also times ours on the list and the folder with ``YOLO_FASTDETECT_DECODER_NICE=0`` (the decoder
-  threads at the predictor's priority): the same-run A/B of the default nice +5;
+  threads at the predictor's priority): the same-run A/B of the default nice +5; ``--gpu-video`` (the default where
+  PyNvVideoCodec loads, on CUDA) also times ours on H.264 clips with ``YOLO_FASTDETECT_GPU_VIDEO=1`` (NVDEC; stock's
+  frames, so the detections are compared too) and NVDEC's decode-only rate, the copy to pinned host memory included;
 - peak host memory of loading a list of ``--memory-paths`` paths (640x480 files, repeated): stock's loader (which
   decodes the whole list first) against ours, each in a fresh process.
 """
@@ -91,6 +93,19 @@ def in_memory_rate(model, images: list, batch: int, options: dict, repeats: int)
     return statistics.median(one_pass() for _ in range(repeats))
 
 
+def nvdec_decode_rate(path: Path) -> float:
+    """Frames per second of NVDEC alone on ``path`` (BGR on the GPU and its pinned host copy, as the loader hands
+    them to the predictor)."""
+    from yolo_fastdetect.sources.nvdec import NvdecVideo
+
+    begin, count = time.perf_counter(), 0
+    with NvdecVideo(str(path), torch.device("cuda", torch.cuda.current_device())) as video:
+        for frame in video:
+            video.to_host(frame)
+            count += 1
+    return count / (time.perf_counter() - begin)
+
+
 def decoded(kind: str, paths: list[Path]) -> list:
     if kind != "video":
         return [cv2.imread(str(p)) for p in paths]
@@ -136,6 +151,9 @@ def make_data(root: Path, args) -> dict[str, list[Path]]:
     data = {"images": write_jpegs(root / "images", args.images, sizes=sizes)}
     for width, height in ((1280, 720), (1920, 1080)):
         data[f"video {height}p"] = [write_clip(root / f"clip_{height}p.mp4", args.frames, width, height)]
+        if args.gpu_video:
+            data[f"video {height}p h264"] = [write_clip(root / f"clip_{height}p_h264.mp4", args.frames, width,
+                                                        height, codec="h264")]
     small = [p for p in data["images"] if p.name.endswith("_640x480.jpg")] or data["images"]
     data["memory list"] = root / "memory_list.txt"
     data["memory list"].write_text("\n".join(str(small[i % len(small)]) for i in range(args.memory_paths)))
@@ -145,18 +163,22 @@ def make_data(root: Path, args) -> dict[str, list[Path]]:
 def variants() -> list[tuple[str, str, str, tuple[str, ...]]]:
     """The extra sides of ours: their key (in a row, and the flag's name), the variable and the value that set them,
     the cases."""
-    from yolo_fastdetect.sources import DECODER_NICE_VARIABLE, GPU_JPEG_VARIABLE
+    from yolo_fastdetect.sources import DECODER_NICE_VARIABLE, GPU_JPEG_VARIABLE, GPU_VIDEO_VARIABLE
 
     return [("gpu_jpeg", GPU_JPEG_VARIABLE, "1", ("folder",)),
-            ("nice_off", DECODER_NICE_VARIABLE, "0", ("list", "folder"))]
+            ("nice_off", DECODER_NICE_VARIABLE, "0", ("list", "folder")),
+            ("gpu_video", GPU_VIDEO_VARIABLE, "1", ("video 720p h264", "video 1080p h264"))]
 
 
 def run(args) -> list[dict]:
     import yolo_fastdetect
     from yolo_fastdetect.sources import decode_threads
+    from yolo_fastdetect.sources.nvdec import package_problem
 
     threads = decode_threads()
     cuda = args.device == "cuda"
+    if args.gpu_video is None:
+        args.gpu_video = cuda and package_problem() is None
     options = {"device": args.device, "verbose": False, "quantize": 16 if cuda else None}
     model = detecting_model(args.model)
     asked = [variant for variant in variants() if getattr(args, variant[0])]
@@ -166,7 +188,8 @@ def run(args) -> list[dict]:
         data = make_data(root, args)
         cases = [(kind, batch) for kind in ("list", "folder") if kind in args.sources for batch in args.batches]
         if "video" in args.sources:
-            cases += [(kind, batch) for kind in ("video 720p", "video 1080p") for batch in args.video_batches]
+            videos = [kind for kind in data if kind.startswith("video")]
+            cases += [(kind, batch) for kind in videos for batch in args.video_batches]
         for kind, batch in cases:
             paths = data[kind] if kind.startswith("video") else data["images"]
             source = {"list": [str(p) for p in paths], "folder": str(root / "images")}.get(kind, str(paths[0]))
@@ -181,6 +204,8 @@ def run(args) -> list[dict]:
                     row[f"{key}_detections"] = same_detections(records, row["stock_records"])
             row["detections"] = same_detections(row.pop("ours_records"), row.pop("stock_records"))
             row["decode_only"] = decode_rate(source)
+            if "gpu_video" in row:
+                row["nvdec_decode_only"] = nvdec_decode_rate(paths[0])
             row["in_memory"] = in_memory_rate(model, decoded(kind.split()[0], paths), batch, options, args.repeats)
             row["ceiling"] = min(row["decode_only"], row["in_memory"])
             rows.append(row)
@@ -217,6 +242,11 @@ def markdown(rows: list[dict], memory: dict, threads: int, args) -> str:
                 f"vs stock's {detections['stock']}, same counts per image: {detections['same_counts']}, max box diff "
                 f"{detections['max_box_diff_px']:.3g} px (untied {detections['max_box_diff_px_untied']:.3g})"
             )
+    for row in (row for row in rows if "nvdec_decode_only" in row):
+        ceiling = min(row["nvdec_decode_only"], row["in_memory"])
+        lines.append(f"\n{row['source']} batch {row['batch']}: NVDEC decode-only {row['nvdec_decode_only']:.0f} "
+                     f"frames/s (with the pinned host copy); ours with NVDEC at {row['gpu_video'] / ceiling:.0%} of "
+                     f"min(that, in-memory {row['in_memory']:.0f})")
     if memory:
         lines += ["", f"Peak host memory loading a list of {args.memory_paths} paths (640x480): stock "
                       f"{memory['stock']:.0f} MB, ours {memory['ours']:.0f} MB (batch 64; the imports alone: "
@@ -235,6 +265,8 @@ def main(argv: list[str] | None = None) -> None:
     kinds = ["list", "folder", "video"]
     parser.add_argument("--sources", nargs="+", default=kinds, choices=kinds, help="which cases to run")
     parser.add_argument("--gpu-jpeg", action="store_true", help="also time the folder with nvJPEG decoding (opt-in)")
+    parser.add_argument("--gpu-video", action=argparse.BooleanOptionalAction, default=None,
+                        help="also time H.264 clips with NVDEC decoding (default: where PyNvVideoCodec loads)")
     parser.add_argument("--nice-off", action="store_true",
                         help="also time ours on the list and folder with the decoders at the predictor's priority")
     parser.add_argument("--repeats", type=int, default=3)

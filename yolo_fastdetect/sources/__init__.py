@@ -20,7 +20,9 @@ Settings (environment variables, read when a loader is made):
 - ``YOLO_FASTDETECT_UPLOAD_AHEAD=0``: at batch 1 too, the predictor's thread uploads each image to the GPU (by
   default the decoder threads do, see :mod:`.upload`);
 - ``YOLO_FASTDETECT_GPU_JPEG=1`` (opt-in; not stock's pixels): a folder's, glob's or ``.txt``/``.csv`` list's baseline
-  JPEGs decode on the GPU with nvJPEG (:mod:`.gpu_jpeg`); Python lists of paths keep the CPU.
+  JPEGs decode on the GPU with nvJPEG (:mod:`.gpu_jpeg`); Python lists of paths keep the CPU;
+- ``YOLO_FASTDETECT_GPU_VIDEO=1`` (opt-in until checked on a GPU): H.264 and HEVC videos decode on the GPU with NVDEC
+  where that gives cv2's frames (:mod:`.nvdec`; needs the ``[video]`` extra).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ READ_AHEAD_VARIABLE = "YOLO_FASTDETECT_READ_AHEAD"
 LIST_OPENCV_VARIABLE = "YOLO_FASTDETECT_LIST_OPENCV"
 UPLOAD_AHEAD_VARIABLE = "YOLO_FASTDETECT_UPLOAD_AHEAD"
 GPU_JPEG_VARIABLE = "YOLO_FASTDETECT_GPU_JPEG"
+GPU_VIDEO_VARIABLE = "YOLO_FASTDETECT_GPU_VIDEO"
 DECODER_NICE_VARIABLE = "YOLO_FASTDETECT_DECODER_NICE"
 # Upload-ahead pays where the predictor's thread bounds the pipeline (batch 1, a folder or a video), and costs where
 # the decoders do, since they take on the copies (larger batches; a video at batch 8, which its one reader thread
@@ -86,7 +89,8 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3, 
     ``YOLO_FASTDETECT_SOURCES=0``). Raises what stock raises for a missing path. ``device``: the CUDA device where the
     predictor letterboxes, if it does: the decoder threads then run below the predictor's priority (Linux, see
     :mod:`.prefetch`; not with ``YOLO_FASTDETECT_DECODER_NICE=0``) and upload the images there at batch 1 (unless
-    ``YOLO_FASTDETECT_UPLOAD_AHEAD=0``), and with ``YOLO_FASTDETECT_GPU_JPEG=1`` a file source's JPEGs decode there.
+    ``YOLO_FASTDETECT_UPLOAD_AHEAD=0``), with ``YOLO_FASTDETECT_GPU_JPEG=1`` a file source's JPEGs decode there, and
+    with ``YOLO_FASTDETECT_GPU_VIDEO=1`` its videos (NVDEC, where exact).
     ``tracking``: for ``model.track``, a list of videos is read one video at a time.
 
     Examples:
@@ -109,12 +113,13 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3, 
     nice = device is not None and config.get(DECODER_NICE_VARIABLE)
     options = {"batch": batch, "channels": channels, "threads": decode_threads(), "read_ahead": read_ahead(),
                "upload_to": device if upload else None, "lower_priority": nice}
+    gpu_video = device if config.get(GPU_VIDEO_VARIABLE) else None
     if _is_local_path(source):
         gpu_jpeg = device if config.get(GPU_JPEG_VARIABLE) else None
-        return FileLoader(source, vid_stride=vid_stride, gpu_jpeg=gpu_jpeg, **options)
+        return FileLoader(source, vid_stride=vid_stride, gpu_jpeg=gpu_jpeg, gpu_video=gpu_video, **options)
     if video_list:
         return VideoListLoader(source, batch, vid_stride, channels, options["read_ahead"], options["upload_to"],
-                               side_by_side=1 if tracking else None)
+                               side_by_side=1 if tracking else None, gpu_video=gpu_video)
     if path_list:
         return PathListLoader(source, opencv_jpeg=config.get(LIST_OPENCV_VARIABLE), **options)
     return None

@@ -5,7 +5,8 @@ Stock ``LoadImagesAndVideos`` decodes a batch of images only when the predictor 
 batch 8, else in a ``ThreadPool`` of at most 8 threads made for that batch) and reads video frames on the
 predictor's thread. :class:`FileLoader` keeps its ``__init__`` (the same files, order, and errors for a missing
 path), and decodes ahead: images with Ultralytics' own ``imread`` on a pool of threads, videos on a background
-thread (:mod:`.video`). Its batches are stock's: the next ``batch`` images that decode (an unreadable one is skipped
+thread (:mod:`.video`; with NVDEC where ``gpu_video`` allows and that gives cv2's frames, :mod:`.nvdec`). Its
+batches are stock's: the next ``batch`` images that decode (an unreadable one is skipped
 with stock's "Image Read Error" warning), images before videos, a batch never spanning two videos, and the same
 ``info`` strings, ``mode``, ``frame``, ``frames``, ``fps`` and ``count`` as each batch is returned.
 """
@@ -71,6 +72,8 @@ class FileLoader(LoadImagesAndVideos):
             (:mod:`.upload`; each batch carries its images' copies, :class:`.batch.ImageBatch`), or None.
         gpu_jpeg (torch.device | None): A CUDA device to decode the baseline JPEGs on (:mod:`.gpu_jpeg`, opt-in:
             not stock's pixels), or None.
+        gpu_video (torch.device | None): A CUDA device to decode the videos on with NVDEC where that gives cv2's
+            frames (:mod:`.nvdec`; their copies ride in :attr:`uploads`), or None.
         lower_priority (bool): Decoder threads below the caller's priority (:class:`.OrderedPrefetch`; for a
             predictor on a GPU).
 
@@ -81,15 +84,15 @@ class FileLoader(LoadImagesAndVideos):
 
     def __init__(self, path, batch: int = 1, vid_stride: int = 1, channels: int = 3, threads: int = 1,
                  read_ahead: int = 2, upload_to: torch.device | None = None, gpu_jpeg: torch.device | None = None,
-                 lower_priority: bool = False):
+                 gpu_video: torch.device | None = None, lower_priority: bool = False):
         super().__init__(path, batch=batch, vid_stride=vid_stride, channels=channels)
         if self.cap:  # stock opened the first video to read its fps and frame count; the reader opens its own
             self.cap.release()
             self.cap = None
         self.source_type = SourceTypes()  # what load_inference_source gives a file source: no stream, no arrays
         self.threads, self.read_ahead, self.lower_priority = threads, read_ahead, lower_priority
-        self.uploads = loader_uploads(upload_to or gpu_jpeg, batch, threads, read_ahead)
-        self._upload_ahead, self._gpu_jpeg = upload_to is not None, gpu_jpeg is not None
+        self.uploads = loader_uploads(upload_to or gpu_jpeg or gpu_video, batch, threads, read_ahead)
+        self._upload_ahead, self._gpu_jpeg, self._gpu_video = upload_to is not None, gpu_jpeg is not None, gpu_video
         self._images: OrderedPrefetch | None = None
         self._videos: VideoReader | None = None
         self._in_video = False
@@ -105,7 +108,8 @@ class FileLoader(LoadImagesAndVideos):
         if self.nf > self.ni:
             gray = self.cv2_flag == cv2.IMREAD_GRAYSCALE
             self._videos = VideoReader(self.files[self.ni :], self.vid_stride, gray, self.read_ahead * self.bs,
-                                       on_frame=self.uploads.put if self._upload_ahead else None)
+                                       on_frame=self.uploads.put if self._upload_ahead else None,
+                                       gpu_frames=self.uploads if self._gpu_video is not None else None)
         return self
 
     def __next__(self) -> tuple[list[str], ImageBatch, list[str]]:

@@ -146,7 +146,8 @@ class Uploads:
 
 def loader_uploads(upload_to: torch.device | None, batch: int, threads: int, read_ahead: int) -> Uploads | None:
     """The :class:`Uploads` of a loader that decodes ``read_ahead`` batches (at least one image per thread) ahead,
-    or None without a device: room for the read-ahead, the batch in stock's prefetch and the predictor's."""
+    or None without a device: room for the read-ahead, the frame a video reader holds while it waits for room in its
+    queue, the batch in stock's prefetch and the predictor's."""
     if upload_to is None:
         return None
-    return Uploads(upload_to, capacity=read_ahead_window(batch, threads, read_ahead) + 2 * batch)
+    return Uploads(upload_to, capacity=read_ahead_window(batch, threads, read_ahead) + 1 + 2 * batch)

@@ -5,6 +5,11 @@ per loader reads the videos one after another into a bounded queue (the read-ahe
 ``vid_stride`` grabs then one retrieve; a retrieve that fails is skipped without counting; a video ends after its
 reported frame count (``CAP_PROP_FRAME_COUNT / vid_stride``) or at the first failed grab; a video that does not open
 raises ``FileNotFoundError("Failed to open video ...")`` when the consumer reaches it.
+
+With ``gpu_frames`` (``YOLO_FASTDETECT_GPU_VIDEO``, a GPU predictor) a video that NVDEC decodes to cv2's frames
+(:mod:`.nvdec`) is read there after cv2 has opened it (stock's errors, frame rate and count): each frame comes as a
+pinned host copy, its BGR tensor held in ``gpu_frames`` (:class:`.upload.Uploads`) for the predictor; where NVDEC does
+not apply one log line says why and cv2 reads it; where NVDEC fails mid-video cv2 reads on from the next frame.
 """
 
 from __future__ import annotations
@@ -17,8 +22,11 @@ from dataclasses import dataclass
 
 import cv2
 import numpy as np
+import torch
+from ultralytics.utils import LOGGER
 
-from .upload import Upload
+from .nvdec import NvdecLayoutError, NvdecVideo, nvdec_unavailable_reason
+from .upload import Upload, Uploads
 
 # How often a blocked reader or consumer looks whether the other side has stopped (seconds).
 _POLL_S = 0.05
@@ -35,7 +43,7 @@ class VideoStart:
 @dataclass(frozen=True)
 class VideoFrame:
     """One decoded frame; ``last`` when it is the video's reported last frame (stock ends the video there); its
-    ``upload`` to the GPU, where the reader's ``on_frame`` made one."""
+    ``upload`` to the GPU, where the reader's ``on_frame`` or NVDEC made one."""
 
     image: np.ndarray
     last: bool
@@ -56,8 +64,39 @@ def _put(frames: queue.Queue, stop: threading.Event, item) -> bool:
     return False
 
 
-def _read_one(path: str, vid_stride: int, gray: bool, on_frame: Callable | None, frames: queue.Queue,
-              stop: threading.Event) -> bool:
+def _read_nvdec(path: str, vid_stride: int, count: int, gpu_frames: Uploads, frames: queue.Queue,
+                stop: threading.Event) -> bool | int:
+    """Read ``path`` with NVDEC, by stock's rules, where it gives cv2's frames: True or False as :func:`_read_one`
+    returns; otherwise the number of frames read (0 where NVDEC does not apply), from which cv2 reads on."""
+    reason = nvdec_unavailable_reason(path)
+    if reason is not None:
+        LOGGER.info(f"yolo_fastdetect: {path} decodes on the CPU, not with NVDEC: {reason}")
+        return 0
+    frame = decoded = 0
+    try:
+        with NvdecVideo(path, gpu_frames.device) as video:
+            for bgr in video:
+                decoded += 1
+                if decoded % vid_stride:  # stock grabs vid_stride frames and retrieves the last
+                    continue
+                image = video.to_host(bgr)
+                with torch.cuda.stream(video.stream):
+                    upload = gpu_frames.add(image, bgr)
+                frame += 1
+                if not _put(frames, stop, VideoFrame(image, frame == count, upload)):
+                    return False
+                if frame == count:
+                    return True
+    except NvdecLayoutError:
+        raise  # PyNvVideoCodec changed: an error, not a silent fallback
+    except Exception as error:  # noqa: BLE001 - a decoder error: cv2 reads on, as stock reads the file
+        LOGGER.warning(f"yolo_fastdetect: NVDEC failed on {path} after {frame} frames ({error}); cv2 reads on")
+        return frame
+    return _put(frames, stop, VIDEO_END)
+
+
+def _read_one(path: str, vid_stride: int, gray: bool, on_frame: Callable | None, gpu_frames: Uploads | None,
+              frames: queue.Queue, stop: threading.Event) -> bool:
     """Read one video into ``frames``; False when reading should stop (consumer gone, or the video did not open)."""
     capture = cv2.VideoCapture(path)
     try:
@@ -69,6 +108,13 @@ def _read_one(path: str, vid_stride: int, gray: bool, on_frame: Callable | None,
         if not _put(frames, stop, VideoStart(fps, count)):
             return False
         frame = 0
+        if gpu_frames is not None and not gray:
+            outcome = _read_nvdec(path, vid_stride, count, gpu_frames, frames, stop)
+            if isinstance(outcome, bool):  # (bool before int: a bool is an int)
+                return outcome
+            frame = outcome
+            if not all(capture.grab() for _ in range(frame * vid_stride)):  # the frames NVDEC gave
+                return _put(frames, stop, VIDEO_END)
         while True:
             grabbed = False
             for _ in range(vid_stride):
@@ -91,11 +137,11 @@ def _read_one(path: str, vid_stride: int, gray: bool, on_frame: Callable | None,
         capture.release()
 
 
-def _read_all(paths: Sequence[str], vid_stride: int, gray: bool, on_frame: Callable | None, frames: queue.Queue,
-              stop: threading.Event) -> None:
+def _read_all(paths: Sequence[str], vid_stride: int, gray: bool, on_frame: Callable | None,
+              gpu_frames: Uploads | None, frames: queue.Queue, stop: threading.Event) -> None:
     try:
         for path in paths:
-            if not _read_one(path, vid_stride, gray, on_frame, frames, stop):
+            if not _read_one(path, vid_stride, gray, on_frame, gpu_frames, frames, stop):
                 return
     except BaseException as error:  # noqa: BLE001 - handed to the consumer, which raises it
         _put(frames, stop, error)
@@ -114,17 +160,18 @@ class VideoReader:
     :meth:`get` returns, per video, a :class:`VideoStart`, then its :class:`VideoFrame` items, then
     :data:`VIDEO_END` unless the last frame said ``last``; it raises what the reader raised (a video that did not
     open, a decoder error). The thread and its open capture end at :meth:`close` or garbage collection.
-    ``on_frame(image)``, when given, runs on the reader's thread for each frame and returns the frame's upload, which
-    the frame carries (the upload-ahead of :mod:`.upload`).
+    ``on_frame(image)``, when given, runs on the reader's thread for each frame cv2 decodes and returns the frame's
+    upload, which the frame carries (the upload-ahead of :mod:`.upload`). ``gpu_frames``, when given, decodes with
+    NVDEC on its device where that gives cv2's frames, and holds their GPU copies (see the module docstring).
     """
 
     def __init__(self, paths: Sequence[str], vid_stride: int, gray: bool, capacity: int,
-                 on_frame: Callable[[np.ndarray], Upload | None] | None = None):
+                 on_frame: Callable[[np.ndarray], Upload | None] | None = None, gpu_frames: Uploads | None = None):
         self._frames: queue.Queue = queue.Queue(maxsize=max(1, capacity))
         stop = threading.Event()
         self._thread = threading.Thread(
-            target=_read_all, args=(list(paths), vid_stride, gray, on_frame, self._frames, stop), daemon=True,
-            name="yolo_fastdetect_video",
+            target=_read_all, args=(list(paths), vid_stride, gray, on_frame, gpu_frames, self._frames, stop),
+            daemon=True, name="yolo_fastdetect_video",
         )
         self._thread.start()
         self._finalizer = weakref.finalize(self, _stop, self._thread, stop, self._frames)

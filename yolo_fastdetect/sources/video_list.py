@@ -93,6 +93,8 @@ class VideoListLoader(LoadImagesAndVideos):
         channels (int): Image channels of the model (1 grayscale, 3 BGR).
         read_ahead (int): Frames decoded ahead per video, and videos opened ahead of their slots.
         upload_to (torch.device | None): A CUDA device the reader threads upload the frames to (:mod:`.upload`).
+        gpu_video (torch.device | None): A CUDA device to decode the videos on with NVDEC where that gives cv2's
+            frames (:mod:`.nvdec`; their copies ride in :attr:`uploads`), or None.
         side_by_side (int | None): Videos read side by side (slots), default ``batch``; 1 for a tracker, which
             follows one video at a time (Ultralytics resets it when the path changes).
 
@@ -102,7 +104,8 @@ class VideoListLoader(LoadImagesAndVideos):
     """
 
     def __init__(self, paths: Sequence[str | Path], batch: int = 1, vid_stride: int = 1, channels: int = 3,
-                 read_ahead: int = 2, upload_to: torch.device | None = None, side_by_side: int | None = None):
+                 read_ahead: int = 2, upload_to: torch.device | None = None, side_by_side: int | None = None,
+                 gpu_video: torch.device | None = None):
         # LoadImagesAndVideos.__init__ is not called: it sorts a list and opens its first video.
         files = []
         for p in paths:
@@ -118,9 +121,12 @@ class VideoListLoader(LoadImagesAndVideos):
         self.cv2_flag = {1: cv2.IMREAD_GRAYSCALE, 3: cv2.IMREAD_COLOR}.get(channels, cv2.IMREAD_UNCHANGED)
         self.cap, self.frame, self.frames, self.fps, self.count = None, 0, 0, 0.0, 0
         self.source_type = SourceTypes()  # frames carry their index in ``info``, as a file source's do
-        # Frames uploaded ahead at most: per open video its queue and the frame read ahead; and the predictor's batches.
-        in_flight = (self.side_by_side + read_ahead) * (read_ahead + 2) + 2 * batch
-        self.uploads = Uploads(upload_to, in_flight) if upload_to is not None else None
+        # Frames uploaded ahead at most: per open video its queue, the frame its reader holds while it waits for room
+        # and the frame read ahead; and the predictor's batches.
+        in_flight = (self.side_by_side + read_ahead) * (read_ahead + 3) + 2 * batch
+        device = upload_to or gpu_video
+        self.uploads = Uploads(device, in_flight) if device is not None else None
+        self._upload_ahead, self._gpu_video = upload_to is not None, gpu_video is not None
         self._slots: list[_OpenVideo | None] = []
         self._ahead: deque[_OpenVideo] = deque()
         self._next_index = 0
@@ -141,7 +147,8 @@ class VideoListLoader(LoadImagesAndVideos):
         while len(self._ahead) < self.read_ahead and self._next_index < self.nf:
             gray = self.cv2_flag == cv2.IMREAD_GRAYSCALE
             reader = VideoReader([self.files[self._next_index]], self.vid_stride, gray, self.read_ahead + 1,
-                                 on_frame=self.uploads.put if self.uploads is not None else None)
+                                 on_frame=self.uploads.put if self._upload_ahead else None,
+                                 gpu_frames=self.uploads if self._gpu_video else None)
             self._ahead.append(_OpenVideo(self._next_index, reader))
             self._next_index += 1
 

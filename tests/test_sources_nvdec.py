@@ -1,0 +1,298 @@
+"""NVDEC video decoding (:mod:`yolo_fastdetect.sources.nvdec`, ``YOLO_FASTDETECT_GPU_VIDEO=1``).
+
+On the CPU (CI): which streams NVDEC may read (real clips probed with PyAV, fake tags, a missing package), and the
+video reader's NVDEC path with a stand-in decoder: stock's frames, ``vid_stride``, counters and end, and cv2 reading
+on where the decoder fails mid-video. On a GPU with PyNvVideoCodec (skipped without it): each frame equal to
+``cv2.VideoCapture``'s, H.264 and HEVC, several sizes; ``model.predict`` with the switch against stock on a video, a
+truncated video and a list of videos, every batch letterboxed from the NVDEC frames.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+from types import SimpleNamespace
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from test_sources import assert_same_results, captured_log, model, restore_patch, stock_and_ours  # noqa: F401
+from test_sources_upload import taken  # noqa: F401
+from test_sources_videos import assert_same_frames, predict, stock_per_video, within
+from video_corpus import write_camera_clip, write_opencv
+from yolo_fastdetect.sources import VideoListLoader, nvdec
+from yolo_fastdetect.sources import video as video_module
+from yolo_fastdetect.sources.video import VIDEO_END, VideoFrame, VideoReader, VideoStart
+
+pytest.importorskip("av", reason="PyAV writes the H.264 / HEVC clips and reads their colour tags")
+
+BT709_LIMITED = ("h264", 1280, 720, "yuv420p", 1, 1, 1, 1)
+NOT_INSTALLED = "PyNvVideoCodec is not installed (pip install 'yolo-fastdetect[video]')"
+
+
+def cv2_frames(path: Path) -> list[np.ndarray]:
+    """Every frame ``cv2.VideoCapture`` reads of ``path``: stock's frames."""
+    capture = cv2.VideoCapture(str(path))
+    frames = []
+    while True:
+        ok, image = capture.read()
+        if not ok:
+            break
+        frames.append(image)
+    capture.release()
+    return frames
+
+
+# Which streams NVDEC reads ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("codec", "size", "full_range", "expected"), [
+    ("h264", "96x64", False, ("h264", 96, 64, "yuv420p", 6, 1, 6, 6)),  # SMPTE 170M below 720 rows
+    ("hevc", "160x90", False, ("hevc", 160, 90, "yuv420p", 6, 1, 6, 6)),
+    ("h264", "98x720", True, ("h264", 98, 720, "yuvj420p", 1, 2, 1, 1)),  # BT.709 from 720 rows, full range
+])
+def test_probe_reads_the_first_frames_tags(tmp_path, codec, size, full_range, expected):
+    path = write_camera_clip(tmp_path / f"clip_{codec}.mp4", 2, size, codec, full_range=full_range)
+    tags = nvdec.probe_stream(str(path))
+    assert tags == nvdec.StreamTags(*expected)
+    assert nvdec.stream_reason(tags) is None
+    assert tags.conversion("4.13.0") == (expected[4], full_range)
+    assert tags.conversion("4.12.0") == (2, full_range)  # OpenCV 4.12 converts every frame as BT.601
+
+
+def test_probe_of_what_pyav_cannot_read_is_none(tmp_path):
+    (tmp_path / "text.mp4").write_text("not a video\n" * 50)
+    (tmp_path / "empty.mp4").write_bytes(b"")
+    assert nvdec.probe_stream(str(tmp_path / "text.mp4")) is None
+    assert nvdec.probe_stream(str(tmp_path / "empty.mp4")) is None
+    assert nvdec.probe_stream(str(tmp_path / "missing.mp4")) is None
+
+
+@pytest.mark.parametrize(("changes", "words"), [
+    ({"codec": "mpeg4"}, "codec mpeg4 is not H.264 or HEVC"),
+    ({"codec": "vp9"}, "codec vp9 is not H.264 or HEVC"),
+    ({"pixel_format": "yuv420p10le"}, "pixel format yuv420p10le is not 8-bit 4:2:0"),
+    ({"pixel_format": "yuvj422p"}, "pixel format yuvj422p is not 8-bit 4:2:0"),
+    ({"height": 479}, "odd height 479"),
+    ({"colorspace": 9, "color_primaries": 9, "color_trc": 16}, "matrix 9, primaries 9, transfer 16"),  # HDR10
+    ({"colorspace": 8}, "matrix 8"),  # YCgCo: no swscale coefficients
+])
+def test_each_reason_is_one_line_naming_the_value(changes, words):
+    tags = nvdec.StreamTags(*BT709_LIMITED)
+    assert nvdec.stream_reason(tags, "5.1.0") is None
+    reason = nvdec.stream_reason(nvdec.StreamTags(**{**tags.__dict__, **changes}), "5.1.0")
+    assert reason is not None and words in reason and "\n" not in reason
+
+
+def test_tags_opencv_412_converts_as_bt601_are_no_reason():
+    hdr = nvdec.StreamTags("hevc", 3840, 2160, "yuv420p", 9, 1, 9, 16)
+    assert nvdec.stream_reason(hdr, "4.12.0") is None  # 4.12 ignores the tags: its plain BT.601 conversion
+    assert "OpenCV 4.13.0" in nvdec.stream_reason(hdr, "4.13.0")
+
+
+@pytest.fixture
+def fake_pynvvideocodec(monkeypatch):
+    """Installs a module as ``PyNvVideoCodec`` (None: not installed), the cached import forgotten before and after."""
+    def install(module):
+        monkeypatch.setitem(sys.modules, "PyNvVideoCodec", module)
+        nvdec._pynvvideocodec.cache_clear()
+
+    yield install
+    nvdec._pynvvideocodec.cache_clear()
+
+
+def test_reason_without_the_package_or_a_gpu(fake_pynvvideocodec, tmp_path, monkeypatch):
+    path = str(write_camera_clip(tmp_path / "clip.mp4", 2, "96x64"))
+    fake_pynvvideocodec(None)  # import raises ImportError
+    assert nvdec.nvdec_unavailable_reason(path) == NOT_INSTALLED
+    with pytest.raises(ValueError, match="PyNvVideoCodec is not installed"):
+        nvdec.NvdecVideo(path, torch.device("cuda", 0))
+    fake_pynvvideocodec(types.ModuleType("PyNvVideoCodec"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert nvdec.nvdec_unavailable_reason(path) == "no CUDA device"
+
+
+def test_reason_where_the_package_does_not_load(fake_pynvvideocodec, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def failing_import(name, *args, **kwargs):
+        if name == "PyNvVideoCodec":
+            raise RuntimeError("libnvidia-encode.so.1: cannot open shared object file\n\n=== TROUBLESHOOTING ===")
+        return real_import(name, *args, **kwargs)
+
+    fake_pynvvideocodec(None)
+    monkeypatch.setattr(builtins, "__import__", failing_import)
+    reason = nvdec.nvdec_unavailable_reason("any.mp4")
+    assert reason == "PyNvVideoCodec does not load: libnvidia-encode.so.1: cannot open shared object file"
+
+
+# The reader's NVDEC path, with a stand-in decoder ----------------------------------------------------------------
+
+
+class StandInDecoder:
+    """In place of :class:`NvdecVideo`: cv2's frames of the file as tensors (what NVDEC must give), raising a decoder
+    error after ``fail_after`` frames when set."""
+
+    fail_after: int | None = None
+    opened: list[str] = []
+
+    def __init__(self, path: str, device):
+        self.stream = None  # torch.cuda.stream(None) changes nothing
+        self._frames = cv2_frames(Path(path))
+        StandInDecoder.opened.append(path)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def __iter__(self):
+        for index, image in enumerate(self._frames):
+            if index == self.fail_after:
+                raise RuntimeError("CUVID error: bitstream")
+            yield torch.from_numpy(image.copy())
+
+    def to_host(self, bgr: torch.Tensor) -> np.ndarray:
+        return bgr.numpy()
+
+
+def read_all(reader: VideoReader) -> list:
+    """The reader's items until its video ends: ('start', fps, frames), (image, last) per frame, 'end'."""
+    items = []
+    while True:
+        item = reader.get()
+        if isinstance(item, VideoStart):
+            items.append(("start", item.fps, item.frames))
+        elif isinstance(item, VideoFrame):
+            items.append((item.image, item.last))
+            if item.last:
+                break
+        else:
+            assert item is VIDEO_END
+            items.append(item)
+            break
+    reader.close()
+    return items
+
+
+def assert_same_items(ours: list, stock: list) -> None:
+    assert len(ours) == len(stock)
+    for item, stock_item in zip(ours, stock):
+        if isinstance(stock_item, tuple) and isinstance(stock_item[0], np.ndarray):
+            assert np.array_equal(item[0], stock_item[0]) and item[1] == stock_item[1]
+        else:
+            assert item == stock_item
+
+
+@pytest.mark.parametrize("vid_stride", [1, 2, 3])
+@pytest.mark.parametrize("fail_after", [None, 0, 4])
+def test_reader_with_nvdec_gives_stock_frames_counters_and_end(tmp_path, monkeypatch, vid_stride, fail_after):
+    path = str(write_camera_clip(tmp_path / "clip.mp4", 7, "96x64"))
+    monkeypatch.setattr(video_module, "nvdec_unavailable_reason", lambda path: None)
+    monkeypatch.setattr(video_module, "NvdecVideo", StandInDecoder)
+    monkeypatch.setattr(StandInDecoder, "fail_after", fail_after)
+    monkeypatch.setattr(StandInDecoder, "opened", [])
+    held = []
+    gpu_frames = SimpleNamespace(device=torch.device("cpu"), add=lambda image, bgr: held.append((image, bgr)))
+    stock = read_all(VideoReader([path], vid_stride, gray=False, capacity=2))
+    with captured_log() as lines:
+        ours = read_all(VideoReader([path], vid_stride, gray=False, capacity=2, gpu_frames=gpu_frames))
+    assert_same_items(ours, stock)
+    assert StandInDecoder.opened == [path]
+    given = 7 // vid_stride if fail_after is None else fail_after // vid_stride  # frames before the failure
+    assert len(held) == given and all(np.array_equal(image, bgr.numpy()) for image, bgr in held)
+    failures = [line for line in lines if "NVDEC failed" in line]
+    assert failures == ([] if fail_after is None else [
+        f"yolo_fastdetect: NVDEC failed on {path} after {given} frames (CUVID error: bitstream); cv2 reads on"])
+
+
+def test_reader_logs_why_nvdec_does_not_apply_and_reads_with_cv2(tmp_path, fake_pynvvideocodec):
+    path = str(write_opencv(tmp_path / "clip.mp4", 5, 96, 64))
+    fake_pynvvideocodec(None)
+    gpu_frames = SimpleNamespace(device=torch.device("cpu"), add=None)
+    stock = read_all(VideoReader([path], 1, gray=False, capacity=2))
+    with captured_log() as lines:
+        ours = read_all(VideoReader([path], 1, gray=False, capacity=2, gpu_frames=gpu_frames))
+    assert_same_items(ours, stock)
+    assert lines == [f"yolo_fastdetect: {path} decodes on the CPU, not with NVDEC: {NOT_INSTALLED}"]
+
+
+# On a GPU with PyNvVideoCodec ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def nvdec_ready(monkeypatch):
+    """Skips without PyNvVideoCodec; turns the switch on."""
+    loaded = nvdec._pynvvideocodec()
+    if isinstance(loaded, str):
+        pytest.skip(loaded)
+    monkeypatch.setenv("YOLO_FASTDETECT_GPU_VIDEO", "1")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(("codec", "size", "full_range"), [
+    ("h264", "1366x768", False), ("hevc", "1366x768", False), ("h264", "854x480", False), ("hevc", "320x180", False),
+    ("h264", "170x96", True), ("hevc", "1280x720", True),
+])
+def test_frames_equal_cv2s(nvdec_ready, tmp_path, codec, size, full_range):
+    path = write_camera_clip(tmp_path / f"clip_{codec}.mp4", 6, size, codec, full_range=full_range)
+    assert nvdec.nvdec_unavailable_reason(str(path)) is None
+    stock = cv2_frames(path)
+    with nvdec.NvdecVideo(str(path), torch.device("cuda", 0)) as video:
+        ours = [(frame, video.to_host(frame)) for frame in video]
+    assert len(ours) == len(stock), f"NVDEC gave {len(ours)} frames, cv2 {len(stock)}"
+    for index, ((frame, host), image) in enumerate(zip(ours, stock)):
+        assert frame.is_cuda and frame.shape == image.shape and frame.dtype == torch.uint8, (index, frame.shape)
+        gap = np.abs(host.astype(np.int16) - image)
+        assert not gap.any(), f"frame {index}: {np.count_nonzero(gap)} values differ, by {gap.max()} at most"
+        assert np.array_equal(frame.cpu().numpy(), host)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(("batch", "vid_stride"), [(1, 1), (4, 2)])
+def test_predict_on_a_video_matches_stock(nvdec_ready, model, taken, tmp_path, batch, vid_stride):
+    folder = tmp_path / "videos"
+    folder.mkdir()
+    write_camera_clip(folder / "a.mp4", 9, "320x180", "h264")
+    write_camera_clip(folder / "b.mp4", 6, "1366x768", "hevc")
+    stock, ours = stock_and_ours(model, str(folder), batch=batch, vid_stride=vid_stride, device="cuda")
+    assert_same_results(stock["results"], ours["results"])
+    assert ours["batches"] == stock["batches"] and ours["log"] == stock["log"]  # no line: NVDEC read both
+    assert taken and all(copies is not None for copies in taken)  # every batch letterboxed from the NVDEC frames
+
+
+@pytest.mark.cuda
+def test_a_stream_nvdec_does_not_read_is_logged_and_matches_stock(nvdec_ready, model, tmp_path):
+    path = write_opencv(tmp_path / "mp4v.mp4", 5, 96, 64)
+    stock, ours = stock_and_ours(model, str(path), device="cuda")
+    assert_same_results(stock["results"], ours["results"])
+    assert [line for line in ours["log"] if line not in stock["log"]] == [
+        f"yolo_fastdetect: {path} decodes on the CPU, not with NVDEC: codec mpeg4 is not H.264 or HEVC"]
+
+
+@pytest.mark.cuda
+def test_a_truncated_video_ends_as_stock(nvdec_ready, model, tmp_path):
+    """Matroska keeps its header first, so a cut file opens and ends early, as a camera's interrupted recording."""
+    path = write_camera_clip(tmp_path / "cut.mkv", 12, "320x180", "h264")
+    path.write_bytes(path.read_bytes()[: path.stat().st_size * 2 // 3])
+    stock, ours = stock_and_ours(model, str(path), device="cuda")
+    assert 0 < len(stock["results"]) < 12
+    assert_same_results(stock["results"], ours["results"])
+    assert ours["batches"] == stock["batches"]
+
+
+@pytest.mark.cuda
+def test_a_list_of_videos_matches_stock_per_video(nvdec_ready, model, tmp_path):
+    clips = [write_camera_clip(tmp_path / "a.mp4", 7, "320x180", "h264"),
+             write_camera_clip(tmp_path / "b.mp4", 5, "320x180", "hevc"),
+             write_camera_clip(tmp_path / "c.mp4", 4, "854x480", "h264")]
+    stock = stock_per_video(model, clips, batch=2, device="cuda")
+    ours = within(120, lambda: predict(model, [str(c) for c in clips], batch=2, device="cuda"))
+    assert isinstance(model.predictor.dataset, VideoListLoader) and model.predictor.dataset.uploads is not None
+    assert_same_frames(ours, stock)

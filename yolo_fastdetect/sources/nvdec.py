@@ -1,0 +1,248 @@
+"""H.264 and HEVC video decoded on the GPU with NVDEC (PyNvVideoCodec), converted to BGR as ``cv2.VideoCapture``
+converts it.
+
+H.264 and HEVC decoding is exact by the standards, so NVDEC's NV12 frames hold FFmpeg's Y, U and V samples; the
+conversion to BGR is where stock's frames come from, and :func:`..ops.nv12_to_bgr` reproduces OpenCV's bit for bit
+with the colour parameters :func:`..ops.opencv_conversion` gives for the stream (docs/video_design.md). The colour
+tags are read with PyAV from the first decoded frame, the properties FFmpeg puts on the frames cv2 converts; where
+they, the codec, the pixel format or the environment rule NVDEC out, :func:`nvdec_unavailable_reason` says why.
+
+PyNvVideoCodec and PyAV are optional (the ``[video]`` extra) and imported on first use. The calls relied on, from
+PyNvVideoCodec 2.2: ``CreateDemuxer(filename=...)`` and its ``Demux()`` (a packet; ``bsl == 0`` at the end, which
+flushes the decoder), ``GetNvCodecId()``; ``CreateDecoder(gpuid=, codec=, cudacontext=0, cudastream=,
+usedevicememory=True)`` and its ``Decode(packet)`` (the frames ready, in display order, valid until the next call);
+a frame exported with DLPack as one (H + H / 2, W) uint8 NV12 buffer. :class:`NvdecLayoutError` names what differs
+where a frame is not that.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .. import _ext
+from ..ops.video_color import nv12_to_bgr, opencv_conversion
+
+__all__ = ["NvdecLayoutError", "NvdecVideo", "StreamTags", "nvdec_unavailable_reason", "package_problem",
+           "probe_stream", "stream_reason"]
+
+# FFmpeg's codec names of the streams decoded here (NVDEC decodes others, not checked against cv2).
+NVDEC_CODECS = ("h264", "hevc")
+# The 8-bit 4:2:0 pixel formats FFmpeg's decoders give for them (yuvj420p: full range), as nv12_to_bgr converts.
+NVDEC_PIXEL_FORMATS = ("yuv420p", "yuvj420p")
+
+
+class NvdecLayoutError(RuntimeError):
+    """PyNvVideoCodec gave a frame in a layout this module does not read (a changed API: no fallback hides it)."""
+
+
+@dataclass(frozen=True)
+class StreamTags:
+    """A video stream's codec and the properties of its first decoded frame, as FFmpeg gives them to cv2.
+
+    Attributes:
+        codec (str): FFmpeg's codec name ("h264", "hevc", ...).
+        width (int): Frame width.
+        height (int): Frame height.
+        pixel_format (str): FFmpeg's pixel format of the decoded frame ("yuv420p", "yuvj420p", ...).
+        colorspace (int): AVColorSpace.
+        color_range (int): AVColorRange.
+        color_primaries (int): AVColorPrimaries.
+        color_trc (int): AVColorTransferCharacteristic.
+    """
+
+    codec: str
+    width: int
+    height: int
+    pixel_format: str
+    colorspace: int
+    color_range: int
+    color_primaries: int
+    color_trc: int
+
+    def conversion(self, opencv_version: str | None = None) -> tuple[int, bool] | None:
+        """:func:`..ops.opencv_conversion` of these tags: ``(colorspace, full_range)``, or None."""
+        return opencv_conversion(self.height, self.colorspace, self.color_range, self.color_primaries,
+                                 self.color_trc, self.pixel_format, opencv_version)
+
+
+@functools.cache
+def _pynvvideocodec():
+    """The PyNvVideoCodec module, or the one-line reason it cannot be used (imported once per process)."""
+    try:
+        import PyNvVideoCodec
+    except ImportError:
+        return "PyNvVideoCodec is not installed (pip install 'yolo-fastdetect[video]')"
+    except Exception as error:  # noqa: BLE001 - its import checks the driver and raises RuntimeError without one
+        lines = str(error).strip().splitlines()  # the first: the rest is its troubleshooting text
+        return f"PyNvVideoCodec does not load: {lines[0] if lines else type(error).__name__}"
+    return PyNvVideoCodec
+
+
+def package_problem() -> str | None:
+    """Why PyNvVideoCodec cannot be used (not installed, or it does not load: no driver), one line; None where it
+    loads."""
+    module = _pynvvideocodec()
+    return module if isinstance(module, str) else None
+
+
+def probe_stream(path: str) -> StreamTags | None:
+    """The :class:`StreamTags` of ``path``'s first video stream, read with PyAV; None where PyAV reads no frame of
+    it (cv2 then decides, as stock). Raises ImportError without PyAV.
+
+    Examples:
+        >>> probe_stream("clip.mp4")  # doctest: +SKIP
+        StreamTags(codec='h264', width=1280, height=720, pixel_format='yuv420p', colorspace=1, ...)
+    """
+    import av
+
+    try:
+        with av.open(path) as container:
+            stream = container.streams.video[0]
+            frame = next(container.decode(stream), None)
+            if frame is None:
+                return None
+            return StreamTags(stream.codec_context.name, frame.width, frame.height, frame.format.name,
+                              int(frame.colorspace), int(frame.color_range), int(frame.color_primaries),
+                              int(frame.color_trc))
+    except (av.FFmpegError, IndexError, OSError):
+        return None
+
+
+def stream_reason(tags: StreamTags, opencv_version: str | None = None) -> str | None:
+    """Why NVDEC with :func:`..ops.nv12_to_bgr` would not give cv2's frames of a stream with ``tags``, one line;
+    None where it does.
+
+    Examples:
+        >>> tags = StreamTags("h264", 1280, 720, "yuv420p", 1, 1, 1, 1)
+        >>> stream_reason(tags) is None
+        True
+        >>> stream_reason(StreamTags("mpeg4", 1280, 720, "yuv420p", 2, 0, 2, 2))
+        'codec mpeg4 is not H.264 or HEVC'
+    """
+    if tags.codec not in NVDEC_CODECS:
+        return f"codec {tags.codec} is not H.264 or HEVC"
+    if tags.pixel_format not in NVDEC_PIXEL_FORMATS:
+        return f"pixel format {tags.pixel_format} is not 8-bit 4:2:0"
+    if tags.height % 2:
+        return f"odd height {tags.height}: OpenCV converts it through swscale's scaler"
+    if tags.conversion(opencv_version) is None:
+        import cv2
+
+        return (f"OpenCV {opencv_version or cv2.__version__} converts colour tags matrix {tags.colorspace}, "
+                f"primaries {tags.color_primaries}, transfer {tags.color_trc} otherwise than a plain matrix")
+    return None
+
+
+def nvdec_unavailable_reason(path: str) -> str | None:
+    """Why :class:`NvdecVideo` would not give ``cv2.VideoCapture``'s frames of ``path``, one line; None where it does
+    (PyNvVideoCodec and PyAV load, a CUDA device and the CUDA operators are there, and the stream is H.264 or HEVC,
+    8-bit 4:2:0, of even height, with colour tags OpenCV converts with a plain matrix).
+
+    Examples:
+        >>> nvdec_unavailable_reason("clip.mp4")  # doctest: +SKIP
+        'PyNvVideoCodec is not installed (pip install \\'yolo-fastdetect[video]\\')'
+    """
+    problem = package_problem()
+    if problem is not None:
+        return problem
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    if not _ext.has_cuda_kernels():
+        return "the operators have no CUDA kernels (nv12_to_bgr)"
+    try:
+        tags = probe_stream(path)
+    except ImportError:
+        return "PyAV is not installed (pip install 'yolo-fastdetect[video]')"
+    if tags is None:
+        return "PyAV decodes no frame of it"
+    return stream_reason(tags)
+
+
+class NvdecVideo:
+    """A video decoded with NVDEC on ``device``: iterating gives its frames in stream order as (H, W, 3) uint8 BGR
+    CUDA tensors, each written on :attr:`stream` (as ``cv2.VideoCapture`` gives them, where
+    :func:`nvdec_unavailable_reason` is None; the caller checks it first).
+
+    Args:
+        path (str): An H.264 or HEVC video file.
+        device (torch.device): The CUDA device to decode on.
+        tags (StreamTags | None): The stream's tags, when already probed.
+
+    Attributes:
+        tags (StreamTags): The stream's codec, size and colour tags.
+        stream (torch.cuda.Stream): The stream the decoder and the conversion run on.
+
+    Raises:
+        ValueError: The stream is not one NVDEC reads as cv2 does (the reason).
+
+    Examples:
+        >>> with NvdecVideo("clip.mp4", torch.device("cuda", 0)) as video:  # doctest: +SKIP
+        ...     for frame in video:  # (720, 1280, 3) uint8 BGR on cuda:0
+        ...         pass
+    """
+
+    def __init__(self, path: str, device: torch.device, tags: StreamTags | None = None):
+        module = _pynvvideocodec()
+        if isinstance(module, str):
+            raise ValueError(f"NvdecVideo: {module}")
+        self.tags = tags or probe_stream(path)
+        reason = "PyAV decodes no frame of it" if self.tags is None else stream_reason(self.tags)
+        if reason is not None:
+            raise ValueError(f"NvdecVideo: {path}: {reason}")
+        device = torch.device(device)
+        self.device = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+        self.stream = torch.cuda.Stream(self.device)
+        self._conversion = self.tags.conversion()
+        self._converted = torch.cuda.Event()  # the last frame's conversion: its buffer is the decoder's until then
+        self._demuxer = module.CreateDemuxer(filename=path)
+        self._decoder = module.CreateDecoder(gpuid=self.device.index, codec=self._demuxer.GetNvCodecId(),
+                                             cudacontext=0, cudastream=self.stream.cuda_stream, usedevicememory=True)
+
+    def __enter__(self) -> NvdecVideo:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the decoder and the demuxer (idempotent)."""
+        self._decoder = self._demuxer = None
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        while self._demuxer is not None:
+            packet = self._demuxer.Demux()
+            self._converted.synchronize()  # Decode may reuse the buffer of the frame converted last
+            for frame in self._decoder.Decode(packet):
+                yield self._to_bgr(frame)
+            if packet.bsl == 0:  # the end: that call flushed the decoder
+                return
+
+    def to_host(self, bgr: torch.Tensor) -> np.ndarray:
+        """A copy of ``bgr`` (a frame of this video) in pinned host memory, once the copy is done: the original image
+        ``Results`` keep, as stock's ``cv2.VideoCapture`` frame."""
+        with torch.cuda.stream(self.stream):
+            host = torch.empty(bgr.shape, dtype=torch.uint8, pin_memory=True)
+            host.copy_(bgr, non_blocking=True)
+        self.stream.synchronize()
+        return host.numpy()
+
+    def _to_bgr(self, frame) -> torch.Tensor:
+        """``frame`` (NV12 in the decoder's buffer) to a BGR tensor of its own, converted on :attr:`stream`."""
+        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+            buffer = torch.from_dlpack(frame)
+            height, width = self.tags.height, self.tags.width
+            chroma_rows, chroma_bytes = (height + 1) // 2, 2 * ((width + 1) // 2)
+            if (buffer.dtype != torch.uint8 or buffer.dim() != 2 or buffer.shape[0] != height + chroma_rows
+                    or buffer.shape[1] < chroma_bytes or buffer.device != self.device):
+                raise NvdecLayoutError(
+                    f"PyNvVideoCodec gave a frame of shape {tuple(buffer.shape)}, strides {buffer.stride()}, "
+                    f"{buffer.dtype} on {buffer.device}, not the NV12 buffer ({height + chroma_rows}, >= "
+                    f"{chroma_bytes}) uint8 on {self.device} of a {width}x{height} stream")
+            bgr = nv12_to_bgr(buffer[:height, :width], buffer[height:, :chroma_bytes], *self._conversion)
+            self._converted.record(self.stream)
+        return bgr
