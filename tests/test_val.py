@@ -10,6 +10,7 @@ import torch
 import yolo_fastdetect
 from conftest import detecting_model, write_val_dataset
 from yolo_fastdetect.bench.val import LOGIT_SCALE, METRICS, printed
+from yolo_fastdetect.patches.val_loader import ValLoader
 
 # Classes other than person and bus below conf 0.001 (-6 leaves every class of every anchor a candidate, and stock's
 # NMS takes seconds a batch on a CPU); the benchmark keeps -6.
@@ -33,8 +34,11 @@ def assert_same_printed_metrics(ours: list[float], stock: list[float]) -> None:
     ],
 )
 def test_val_metrics_are_stocks(tmp_path, generator, device, precision, imgsz, batch):
-    """Package off, then on, on the same model and set; the metrics are far enough from 0 and 1 to say something."""
+    """Package off, then on, on the same model and set; the metrics are far enough from 0 and 1 to say something. On
+    a GPU the patched side reads the set on threads (``patches/val_loader.py``)."""
     model = detecting_model(device, logit_scale=LOGIT_SCALE, background=BACKGROUND)
+    loaders = []
+    model.add_callback("on_val_start", lambda validator: loaders.append(type(validator.dataloader)))
     seed = int(torch.randint(1 << 31, (1,), generator=generator))
     data = write_val_dataset(tmp_path / "set", model, 32, imgsz, device, seed)
     metrics = {}
@@ -44,6 +48,7 @@ def test_val_metrics_are_stocks(tmp_path, generator, device, precision, imgsz, b
                            quantize=16 if precision == "fp16" else None, plots=False, verbose=False,
                            project=str(tmp_path / "runs"), name=f"patched{patched}")
         metrics[patched] = [float(value) for value in result.mean_results()]
+    assert loaders[0] is not ValLoader and (loaders[1] is ValLoader) == (device == "cuda")
     stock, ours = metrics[False], metrics[True]
     print(f"stock {printed(stock)}, ours {printed(ours)}")
     assert stock[3] > 0.05 and stock[2] < 0.95, f"a set that says little: {printed(stock)}"
