@@ -114,6 +114,7 @@ VAL_COLUMNS = [
     ("stock ms/img", figure("stock_ms_per_image")),
     ("ours ms/img", figure("ours_ms_per_image")),
     ("speed-up", speedup("stock_ms_per_image", "ours_ms_per_image")),
+    ("ours, stock's loader ms/img", figure("ours_stock_loader_ms_per_image")),
     ("stock pre / inf / post / rest", figure("stock_stages_ms")),
     ("ours pre / inf / post / rest", figure("ours_stages_ms")),
     ("stock P / R / mAP50 / mAP50-95", figure("stock_metrics")),

@@ -6,15 +6,17 @@ and scales, labelled by the model's own stock predictions: :mod:`._val_dataset`)
 YAML model (:func:`._timing.detecting_model`) with its class logits scaled so that scores do not tie (where they
 tie, which of the tied boxes NMS keeps is arbitrary on either side, and so are the metrics); it is built afresh for
 each precision, since Ultralytics fuses and casts the model it validates in place. Both sides validate it in one
-process, toggled with :func:`yolo_fastdetect.disabled`, ``--warmup`` untimed runs then ``--repeats`` timed runs
-each, stock and ours alternating; each run is a whole ``model.val`` call, as a user makes it (dataset, loader and
-workers, warm-up, metrics), and the wall time is divided by the images.
+process, toggled with ``yolo_fastdetect.disable()`` / ``enable()``: ``--warmup`` untimed runs then ``--repeats``
+timed runs each, stock and ours alternating; each run is a whole ``model.val`` call, as a user makes it (dataset,
+loader and workers, warm-up, metrics), and the wall time is divided by the images.
 
 Reported per model and precision: the median wall time per image, the median of Ultralytics' own per-image stage
 times (``metrics.speed``: preprocess, inference, postprocess) and what the stages leave out (data loading, set-up,
 metrics), and precision, recall, mAP50 and mAP50-95 of both sides as Ultralytics prints them (``%.3g``), with
-whether every printed digit is the same. ``--json PATH`` appends a record per row to PATH (the format of
-``benchmarks/records/``; ``python benchmarks/render_results.py`` renders them into RESULTS.md).
+whether every printed digit is the same. ``--loader-ab`` adds a third side, ours with stock's validation loader
+(``YOLO_FASTDETECT_SOURCES=0``), to tell what the threaded loader (``patches/val_loader.py``) gives. ``--json
+PATH`` appends a record per row to PATH (the format of ``benchmarks/records/``; ``python
+benchmarks/render_results.py`` renders them into RESULTS.md).
 
 On a CPU it is a smoke run: stock NMS there takes a second or more for a batch of 32 at conf 0.001, past its own
 time limit (``2 + 0.05 * batch`` seconds), after which it drops the batch's remaining images; use small batches.
@@ -24,10 +26,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -35,6 +39,8 @@ from ._timing import detecting_model, environment_line, record_header
 from ._val_dataset import write_val_dataset
 
 STAGES = ("preprocess", "inference", "postprocess")
+# ``--loader-ab``'s third side: the package on, but the validation set read by stock's DataLoader.
+STOCK_LOADER = "ours_stock_loader"
 METRICS = ("P", "R", "mAP50", "mAP50-95")
 # Class logits scaled so that no two boxes' scores tie (see the module docstring).
 LOGIT_SCALE = 1e7
@@ -51,25 +57,27 @@ def printed(values) -> list[str]:
 
 
 def val_once(model, data: Path, options: dict, device: str, side: str) -> tuple[float, object]:
-    """One ``model.val`` call with the package on (``side`` "ours") or off: its wall seconds and its metrics."""
+    """One ``model.val`` call with the package off (``side`` "stock") or on (``ours``, or :data:`STOCK_LOADER`: with
+    ``YOLO_FASTDETECT_SOURCES=0``, so stock's loader reads the set): its wall seconds and its metrics."""
     import yolo_fastdetect
 
-    (yolo_fastdetect.enable if side == "ours" else yolo_fastdetect.disable)()
-    if device != "cpu":
-        torch.cuda.synchronize()
-    begin = time.perf_counter()
-    metrics = model.val(data=str(data), name=side, **options)
-    if device != "cpu":
-        torch.cuda.synchronize()
-    return time.perf_counter() - begin, metrics
+    (yolo_fastdetect.disable if side == "stock" else yolo_fastdetect.enable)()
+    with mock.patch.dict(os.environ, {"YOLO_FASTDETECT_SOURCES": "0"} if side == STOCK_LOADER else {}):
+        if device != "cpu":
+            torch.cuda.synchronize()
+        begin = time.perf_counter()
+        metrics = model.val(data=str(data), name=side, **options)
+        if device != "cpu":
+            torch.cuda.synchronize()
+        return time.perf_counter() - begin, metrics
 
 
 def summary(runs: dict, images: int) -> dict:
     """One side's medians: wall ms per image, Ultralytics' stage times per image, and the rest of the wall time."""
     ms_per_image = statistics.median(runs["wall_s"]) * 1e3 / images
-    stages = {stage: statistics.median(speed[stage] for speed in runs["speeds"]) for stage in STAGES}
-    return {"ms_per_image": ms_per_image, "stages_ms_per_image": stages,
-            "rest_ms_per_image": ms_per_image - sum(stages.values()), "metrics": runs["metrics"]}
+    stage_ms = {stage: statistics.median(speed[stage] for speed in runs["speeds"]) for stage in STAGES}
+    return {"ms_per_image": ms_per_image, "stages_ms_per_image": stage_ms,
+            "rest_ms_per_image": ms_per_image - sum(stage_ms.values()), "metrics": runs["metrics"]}
 
 
 def bench_model(name: str, args: argparse.Namespace, folder: Path) -> list[dict]:
@@ -84,7 +92,8 @@ def bench_model(name: str, args: argparse.Namespace, folder: Path) -> list[dict]
         options = {"imgsz": args.imgsz, "batch": args.batch, "conf": args.conf, "device": args.device,
                    "quantize": 16 if precision == "fp16" else None, "plots": False, "verbose": False,
                    "project": str(folder / "runs"), "exist_ok": True}
-        runs = {side: {"wall_s": [], "speeds": []} for side in ("stock", "ours")}
+        sides = ("stock", "ours", *([STOCK_LOADER] if args.loader_ab else []))
+        runs = {side: {"wall_s": [], "speeds": []} for side in sides}
         for _ in range(args.warmup):  # the label cache, the workers' first fork, cuDNN's choices, the graphs
             for side in runs:
                 val_once(model, data, options, args.device, side)
@@ -98,11 +107,20 @@ def bench_model(name: str, args: argparse.Namespace, folder: Path) -> list[dict]
         row = {"model": name, "images": args.images, "batch": args.batch, "imgsz": args.imgsz,
                "precision": precision, **{side: summary(runs[side], args.images) for side in runs}}
         row["speedup"] = row["stock"]["ms_per_image"] / row["ours"]["ms_per_image"]
+        if args.loader_ab:
+            print(f"  {name} {precision}: ours with stock's loader {row[STOCK_LOADER]['ms_per_image']:.3f} ms/img "
+                  f"(stages {stages(row[STOCK_LOADER])}), metrics {printed(row[STOCK_LOADER]['metrics'])}", flush=True)
         row["same_printed_digits"] = printed(row["stock"]["metrics"]) == printed(row["ours"]["metrics"])
         row["exact"] = row["stock"]["metrics"] == row["ours"]["metrics"]
         rows.append(row)
         print("  " + markdown_table([row]).splitlines()[-1], flush=True)
     return rows
+
+
+def stages(side: dict) -> str:
+    """A side's stage times and rest, ms per image, as the table shows them."""
+    times = [*(side["stages_ms_per_image"][stage] for stage in STAGES), side["rest_ms_per_image"]]
+    return " / ".join(f"{value:.3f}" for value in times)
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -114,10 +132,6 @@ def markdown_table(rows: list[dict]) -> str:
         "|---|---|---:|---:|---:|---|---|---|---|---|",
     ]
     for row in rows:
-        def stages(side: dict) -> str:
-            times = [*(side["stages_ms_per_image"][stage] for stage in STAGES), side["rest_ms_per_image"]]
-            return " / ".join(f"{value:.3f}" for value in times)
-
         stock, ours = row["stock"], row["ours"]
         lines.append(
             f"| {row['model']} | {row['precision']} | {stock['ms_per_image']:.3f} | {ours['ms_per_image']:.3f} | "
@@ -144,6 +158,8 @@ def records(rows: list[dict], device: str) -> list[dict]:
             "same_printed_digits": row["same_printed_digits"],
             "exact": row["exact"],
         }
+        if STOCK_LOADER in row:
+            figures[f"{STOCK_LOADER}_ms_per_image"] = round(row[STOCK_LOADER]["ms_per_image"], 3)
         config = {key: row[key] for key in ("model", "images", "batch", "imgsz", "precision")}
         made.append({**header, "config": config, "figures": figures})
     return made
@@ -165,6 +181,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--background", type=float, default=-6.0,
                         help="the seeded model's bias for classes other than person and bus (default -6)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated images")
+    parser.add_argument("--loader-ab", action="store_true",
+                        help="also time ours with stock's validation loader (YOLO_FASTDETECT_SOURCES=0)")
     parser.add_argument("--json", type=Path, help="append the rows as records to this file (benchmarks/records/)")
     args = parser.parse_args(argv)
     if args.device != "cpu" and not torch.cuda.is_available():
