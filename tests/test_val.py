@@ -1,6 +1,8 @@
 """``model.val`` with the package on reports stock's metrics to every printed digit: a generated labelled set
 (:mod:`yolo_fastdetect.bench._val_dataset`), conf 0.001, fp32 on the CPU, fp32 (torch's default TF32 flags) and
-fp16 on a GPU."""
+fp16 on a GPU. On a GPU the decode is stock's bit for bit, so there the metrics are stock's exactly; on the CPU the
+fused decode's float rounding can move a box at the margin of the kept ones, and a digit far below the printed
+ones."""
 
 from __future__ import annotations
 
@@ -53,3 +55,5 @@ def test_val_metrics_are_stocks(tmp_path, generator, device, precision, imgsz, b
     print(f"stock {printed(stock)}, ours {printed(ours)}")
     assert stock[3] > 0.05 and stock[2] < 0.95, f"a set that says little: {printed(stock)}"
     assert_same_printed_metrics(ours, stock)
+    if device == "cuda":
+        assert ours == stock
