@@ -24,7 +24,8 @@ RECORDS = HERE / "records"
 RESULTS = HERE / "RESULTS.md"
 PLOT = HERE.parent / "docs" / "e2e.png"
 BENCHMARKS = [
-    "parity", "decode", "nms", "roi_align", "sources", "webcam", "letterbox", "e2e", "scale", "build", "versions",
+    "parity", "decode", "nms", "roi_align", "sources", "webcam", "letterbox", "e2e", "val", "scale", "build",
+    "versions",
 ]
 
 
@@ -105,6 +106,20 @@ SOURCE_COLUMNS = [
     ("in-memory img/s", figure("in_memory_img_s")),
     ("same paths, counts", figure("same_paths_counts")),
     ("max box diff (px)", figure("max_box_diff_px")),
+]
+VAL_COLUMNS = [
+    ("model", config("model")),
+    ("precision", config("precision")),
+    ("images, batch, imgsz", lambda r: f"{r['config']['images']}, {r['config']['batch']}, {r['config']['imgsz']}"),
+    ("stock ms/img", figure("stock_ms_per_image")),
+    ("ours ms/img", figure("ours_ms_per_image")),
+    ("speed-up", speedup("stock_ms_per_image", "ours_ms_per_image")),
+    ("ours, stock's loader ms/img", figure("ours_stock_loader_ms_per_image")),
+    ("stock pre / inf / post / rest", figure("stock_stages_ms")),
+    ("ours pre / inf / post / rest", figure("ours_stages_ms")),
+    ("stock P / R / mAP50 / mAP50-95", figure("stock_metrics")),
+    ("ours P / R / mAP50 / mAP50-95", figure("ours_metrics")),
+    ("same printed digits", figure("same_printed_digits")),
 ]
 SCALE_COLUMNS = [
     ("decode", config("decode")),
@@ -276,6 +291,15 @@ TABLES = {
             ("max box diff (px)", figure("max_box_diff_px")),
         ],
     ),
+    ("val", "gpu"): (
+        "`model.val` on a generated labelled set (crops of the wheel's images, labelled by the model's own stock "
+        "predictions at conf 0.25), conf 0.001, seeded YAML models with raised class biases and scaled class logits "
+        "(no tied scores); stock against everything on, one process, each a whole `model.val` call; wall ms per image, "
+        "stages from `metrics.speed`, rest = wall less the stages (data loading, set-up, metrics). Metrics as "
+        "Ultralytics prints them.",
+        VAL_COLUMNS,
+    ),
+    ("val", "cpu"): ("On a CPU (a smoke run: stock NMS at conf 0.001 is slow there):", VAL_COLUMNS),
     ("scale", "gpu"): (
         "`predict_dataset` on a local Ray cluster against `model.predict(folder, stream=True)`, same JPEGs, "
         "model and arguments (seeded yolov8s.yaml, imgsz 640, fp16). Wall: images over the whole run "
@@ -314,6 +338,7 @@ SECTIONS = {
     "webcam": "Webcam demo (`demo/webcam.py --headless`)",
     "letterbox": "Letterbox preprocessing (`bench letterbox`)",
     "e2e": "End to end: `model.predict` (`bench e2e`)",
+    "val": "Validation: `model.val` (`bench val`)",
     "scale": "Scale-out on Ray Data (`bench scale`)",
     "build": "First use: building the operators",
     "versions": "Ultralytics releases (`tests/test_versions.py`, `python -m yolo_fastdetect.bench.versions`)",

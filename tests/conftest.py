@@ -64,12 +64,14 @@ def subprocess_env(**overrides: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": python_path, **overrides}
 
 
-def detecting_model(device: str = "cpu", config: str = "yolo11n.yaml", logit_scale: float = 1.0):
+def detecting_model(device: str = "cpu", config: str = "yolo11n.yaml", logit_scale: float = 1.0,
+                    background: float = -6.0):
     """The benchmarks' seeded model that detects (:func:`yolo_fastdetect.bench._timing.detecting_model`) on
-    ``device``: person and bus biases raised, ``logit_scale`` 1e7 for scores without ties."""
+    ``device``: person and bus biases raised, the others at ``background``, ``logit_scale`` 1e7 for scores without
+    ties."""
     from yolo_fastdetect.bench._timing import detecting_model as seeded_model
 
-    return seeded_model(config, device, logit_scale)
+    return seeded_model(config, device, logit_scale, background=background)
 
 
 def asset_images() -> list[str]:
@@ -113,3 +115,11 @@ def assert_same_results_bitwise(ours: list, stock: list) -> None:
             continue
         difference = (sorted_rows(mine.boxes.data).double() - sorted_rows(theirs.boxes.data).double()).abs()
         assert difference.max().item() == 0, f"image {index}: rows differ by up to {difference.amax(0).tolist()}"
+
+
+def write_val_dataset(root: Path, model, count: int, imgsz: int, device: str, seed: int) -> Path:
+    """``count`` generated images labelled by ``model``'s stock predictions, and their data yaml
+    (:func:`yolo_fastdetect.bench._val_dataset.write_val_dataset`)."""
+    from yolo_fastdetect.bench._val_dataset import write_val_dataset as write
+
+    return write(root, model, count, imgsz, device, seed)

@@ -108,9 +108,10 @@ _DECLARED = [
              "most CUDA graphs each cache keeps, least recently used dropped first; 0 captures none (read at each "
              "call)", minimum=0),
     Variable("YOLO_FASTDETECT_SOURCES", SWITCH, True, "1",
-             "`0`: Ultralytics' own loaders for every source (read as a loader is made, as are the seven below)"),
+             "`0`: Ultralytics' own loaders for every source and for `model.val` (read as a loader is made, as are "
+             "the seven below)"),
     Variable("YOLO_FASTDETECT_DECODE_THREADS", INTEGER, _decoder_threads, "CPU cores - 1",
-             "decoder threads of a file source", minimum=1),
+             "decoder threads of a file source (and of `model.val`'s set)", minimum=1),
     Variable("YOLO_FASTDETECT_READ_AHEAD", INTEGER, 2, "2",
              "batches decoded ahead of the predictor", minimum=1),
     Variable("YOLO_FASTDETECT_LIST_OPENCV", SWITCH, True, "1",

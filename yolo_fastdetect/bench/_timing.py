@@ -93,10 +93,13 @@ def detecting_model(
     logit_scale: float = 1.0,
     raised: tuple[int, ...] | None = (0, 5),
     seed: int = 0,
+    background: float = -6.0,
 ):
     """The model ``config``, seeded with ``seed``; one built from a YAML gets class biases that make random weights
     detect (in the one-to-one branch too, where there is one): 1 for the classes in ``raised`` (person and bus by
-    default; None: every class), -6 for the others (like a trained model's background, which keeps stock NMS fast).
+    default; None: every class), ``background`` for the others (-6, like a trained model's background, which keeps
+    stock NMS fast at conf 0.25; at validation's conf 0.001 every class of every anchor is still a candidate, which
+    -9 stops).
     Random weights give nearly the same class logit everywhere, so most scores tie; ``logit_scale`` (e.g. 1e7) scales
     the class convolutions' weights so that scores differ from box to box and stock and patched NMS keep the same
     boxes in the same order. The benchmarks' and the tests' model.
@@ -112,24 +115,58 @@ def detecting_model(
         head = model.model.model[-1]
         # A one-to-one (NMS-free) branch gets the same biases: YOLO26 predicts through it by default before 8.4.142.
         for branch in [*head.cv3, *getattr(head, "one2one_cv3", [])]:
-            bias = torch.full_like(branch[-1].bias, -6.0)
+            bias = torch.full_like(branch[-1].bias, background)
             bias[[c for c in raised if c < len(bias)] if raised is not None else slice(None)] = 1.0
             branch[-1].bias.data.copy_(bias)
             branch[-1].weight.data.mul_(logit_scale)
     return model.to(device) if device is not None else model
 
 
+def _commit() -> str:
+    """The checkout's short commit, or "unknown" (a tree copied without .git, or no git)."""
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
 def environment_line() -> str:
     """GPU (or CPU), torch version and date, for the header of a benchmark's table."""
     import datetime
     import platform
-    import subprocess
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({platform.processor() or 'x86_64'})"
-    try:  # a tree copied without .git (or without git) says "unknown"
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                timeout=10).stdout.strip() or "unknown"
-    except OSError:
-        commit = "unknown"
     threads = torch.get_num_threads()
-    return f"{datetime.date.today()} | {device} | torch {torch.__version__} | {threads} CPU threads | commit {commit}"
+    line = f"{datetime.date.today()} | {device} | torch {torch.__version__} | {threads} CPU threads"
+    return f"{line} | commit {_commit()}"
+
+
+def record_header(benchmark: str, table: str) -> dict:
+    """The fields of a ``benchmarks/records/`` record that say which run it is: benchmark and table, date, machine,
+    versions and commit (the caller adds ``config`` and ``figures``).
+
+    Examples:
+        >>> record_header("val", "cpu")["benchmark"]
+        'val'
+    """
+    import datetime
+    import os
+    import platform
+
+    import ultralytics
+
+    return {
+        "benchmark": benchmark,
+        "table": table,
+        "date": str(datetime.date.today()),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "host": f"{os.cpu_count()} CPU cores",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "ultralytics": ultralytics.__version__,
+        "python": ".".join(platform.python_version_tuple()[:2]),
+        "commit": _commit(),
+    }

@@ -1,0 +1,209 @@
+"""``python -m yolo_fastdetect.bench.val`` (``yolo-fastdetect bench val``): ``model.val`` end to end, stock Ultralytics
+against yolo_fastdetect, with the metrics of both.
+
+Per model, a labelled set of ``--images`` JPEGs is made from the wheel's bus.jpg and zidane.jpg (random crops, mirrors
+and scales, labelled by the model's own stock predictions: :mod:`._val_dataset`). The model is the benchmarks' seeded
+YAML model (:func:`._timing.detecting_model`) with its class logits scaled so that scores do not tie (where they
+tie, which of the tied boxes NMS keeps is arbitrary on either side, and so are the metrics); it is built afresh for
+each precision, since Ultralytics fuses and casts the model it validates in place. Both sides validate it in one
+process, toggled with ``yolo_fastdetect.disable()`` / ``enable()``: ``--warmup`` untimed runs then ``--repeats``
+timed runs each, stock and ours alternating; each run is a whole ``model.val`` call, as a user makes it (dataset,
+loader and workers, warm-up, metrics), and the wall time is divided by the images.
+
+Reported per model and precision: the median wall time per image, the median of Ultralytics' own per-image stage
+times (``metrics.speed``: preprocess, inference, postprocess) and what the stages leave out (data loading, set-up,
+metrics), and precision, recall, mAP50 and mAP50-95 of both sides as Ultralytics prints them (``%.3g``), with
+whether every printed digit is the same. ``--loader-ab`` adds a third side, ours with stock's validation loader
+(``YOLO_FASTDETECT_SOURCES=0``), to tell what the threaded loader (``patches/val_loader.py``) gives. ``--json
+PATH`` appends a record per row to PATH (the format of ``benchmarks/records/``; ``python
+benchmarks/render_results.py`` renders them into RESULTS.md).
+
+On a CPU it is a smoke run: stock NMS there takes a second or more for a batch of 32 at conf 0.001, past its own
+time limit (``2 + 0.05 * batch`` seconds), after which it drops the batch's remaining images; use small batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from unittest import mock
+
+import torch
+
+from ._timing import detecting_model, environment_line, record_header
+from ._val_dataset import write_val_dataset
+
+STAGES = ("preprocess", "inference", "postprocess")
+# ``--loader-ab``'s third side: the package on, but the validation set read by stock's DataLoader.
+STOCK_LOADER = "ours_stock_loader"
+METRICS = ("P", "R", "mAP50", "mAP50-95")
+# Class logits scaled so that no two boxes' scores tie (see the module docstring).
+LOGIT_SCALE = 1e7
+
+
+def printed(values) -> list[str]:
+    """``values`` as Ultralytics' validator prints its metrics (``%11.3g``, without the padding).
+
+    Examples:
+        >>> printed([0.50362, 0.27659])
+        ['0.504', '0.277']
+    """
+    return [f"{float(value):.3g}" for value in values]
+
+
+def val_once(model, data: Path, options: dict, device: str, side: str) -> tuple[float, object]:
+    """One ``model.val`` call with the package off (``side`` "stock") or on (``ours``, or :data:`STOCK_LOADER`: with
+    ``YOLO_FASTDETECT_SOURCES=0``, so stock's loader reads the set): its wall seconds and its metrics."""
+    import yolo_fastdetect
+
+    (yolo_fastdetect.disable if side == "stock" else yolo_fastdetect.enable)()
+    with mock.patch.dict(os.environ, {"YOLO_FASTDETECT_SOURCES": "0"} if side == STOCK_LOADER else {}):
+        if device != "cpu":
+            torch.cuda.synchronize()
+        begin = time.perf_counter()
+        metrics = model.val(data=str(data), name=side, **options)
+        if device != "cpu":
+            torch.cuda.synchronize()
+        return time.perf_counter() - begin, metrics
+
+
+def summary(runs: dict, images: int) -> dict:
+    """One side's medians: wall ms per image, Ultralytics' stage times per image, and the rest of the wall time."""
+    ms_per_image = statistics.median(runs["wall_s"]) * 1e3 / images
+    stage_ms = {stage: statistics.median(speed[stage] for speed in runs["speeds"]) for stage in STAGES}
+    return {"ms_per_image": ms_per_image, "stages_ms_per_image": stage_ms,
+            "rest_ms_per_image": ms_per_image - sum(stage_ms.values()), "metrics": runs["metrics"]}
+
+
+def bench_model(name: str, args: argparse.Namespace, folder: Path) -> list[dict]:
+    """Stock and ours for one model at each precision, on a set made for it under ``folder``."""
+    import yolo_fastdetect
+
+    labeller = detecting_model(name, logit_scale=LOGIT_SCALE, background=args.background)
+    data = write_val_dataset(folder / name, labeller, args.images, args.imgsz, args.device, args.seed)
+    rows = []
+    for precision in args.precisions:
+        model = detecting_model(name, logit_scale=LOGIT_SCALE, background=args.background)
+        options = {"imgsz": args.imgsz, "batch": args.batch, "conf": args.conf, "device": args.device,
+                   "quantize": 16 if precision == "fp16" else None, "plots": False, "verbose": False,
+                   "project": str(folder / "runs"), "exist_ok": True}
+        sides = ("stock", "ours", *([STOCK_LOADER] if args.loader_ab else []))
+        runs = {side: {"wall_s": [], "speeds": []} for side in sides}
+        for _ in range(args.warmup):  # the label cache, the workers' first fork, cuDNN's choices, the graphs
+            for side in runs:
+                val_once(model, data, options, args.device, side)
+        for _ in range(args.repeats):  # alternating, so that a drift of the machine reaches both sides
+            for side in runs:
+                seconds, metrics = val_once(model, data, options, args.device, side)
+                runs[side]["wall_s"].append(seconds)
+                runs[side]["speeds"].append(metrics.speed)
+                runs[side]["metrics"] = [float(value) for value in metrics.mean_results()]
+        yolo_fastdetect.enable()
+        row = {"model": name, "images": args.images, "batch": args.batch, "imgsz": args.imgsz,
+               "precision": precision, **{side: summary(runs[side], args.images) for side in runs}}
+        row["speedup"] = row["stock"]["ms_per_image"] / row["ours"]["ms_per_image"]
+        if args.loader_ab:
+            print(f"  {name} {precision}: ours with stock's loader {row[STOCK_LOADER]['ms_per_image']:.3f} ms/img "
+                  f"(stages {stages(row[STOCK_LOADER])}), metrics {printed(row[STOCK_LOADER]['metrics'])}", flush=True)
+        row["same_printed_digits"] = printed(row["stock"]["metrics"]) == printed(row["ours"]["metrics"])
+        row["exact"] = row["stock"]["metrics"] == row["ours"]["metrics"]
+        rows.append(row)
+        print("  " + markdown_table([row]).splitlines()[-1], flush=True)
+    return rows
+
+
+def stages(side: dict) -> str:
+    """A side's stage times and rest, ms per image, as the table shows them."""
+    times = [*(side["stages_ms_per_image"][stage] for stage in STAGES), side["rest_ms_per_image"]]
+    return " / ".join(f"{value:.3f}" for value in times)
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """The rows as a markdown table: times in ms per image, metrics as Ultralytics prints them."""
+    lines = [
+        "| model | precision | stock ms/img | ours ms/img | speed-up | stock pre / inf / post / rest | "
+        "ours pre / inf / post / rest | stock P / R / mAP50 / mAP50-95 | ours P / R / mAP50 / mAP50-95 | "
+        "same printed digits (exact) |",
+        "|---|---|---:|---:|---:|---|---|---|---|---|",
+    ]
+    for row in rows:
+        stock, ours = row["stock"], row["ours"]
+        lines.append(
+            f"| {row['model']} | {row['precision']} | {stock['ms_per_image']:.3f} | {ours['ms_per_image']:.3f} | "
+            f"{row['speedup']:.2f}x | {stages(stock)} | {stages(ours)} | {' / '.join(printed(stock['metrics']))} | "
+            f"{' / '.join(printed(ours['metrics']))} | {'yes' if row['same_printed_digits'] else 'NO'} "
+            f"({'yes' if row['exact'] else 'no'}) |"
+        )
+    return "\n".join(lines)
+
+
+def records(rows: list[dict], device: str) -> list[dict]:
+    """The rows as records of ``benchmarks/records/val.json``."""
+    header = record_header("val", "cpu" if device == "cpu" else "gpu")
+    made = []
+    for row in rows:
+        stock, ours = row["stock"], row["ours"]
+        figures = {
+            "stock_ms_per_image": round(stock["ms_per_image"], 3),
+            "ours_ms_per_image": round(ours["ms_per_image"], 3),
+            **{f"{side}_stages_ms": [round(row[side]["stages_ms_per_image"][stage], 3) for stage in STAGES]
+               + [round(row[side]["rest_ms_per_image"], 3)] for side in ("stock", "ours")},
+            "stock_metrics": printed(stock["metrics"]),
+            "ours_metrics": printed(ours["metrics"]),
+            "same_printed_digits": row["same_printed_digits"],
+            "exact": row["exact"],
+        }
+        if STOCK_LOADER in row:
+            figures[f"{STOCK_LOADER}_ms_per_image"] = round(row[STOCK_LOADER]["ms_per_image"], 3)
+        config = {key: row[key] for key in ("model", "images", "batch", "imgsz", "precision")}
+        made.append({**header, "config": config, "figures": figures})
+    return made
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark; ``argv`` are the options after ``bench val``."""
+    parser = argparse.ArgumentParser(prog="yolo-fastdetect bench val", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["yolo12n.yaml", "yolov8s.yaml"])
+    parser.add_argument("--images", type=int, default=256, help="images in the generated set (default 256)")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--imgsz", type=int, default=640)
+    parser.add_argument("--conf", type=float, default=0.001)
+    parser.add_argument("--device", default="0", help="cpu, or a CUDA device (default 0)")
+    parser.add_argument("--precisions", nargs="+", choices=("fp32", "fp16"),
+                        help="default: fp32 and fp16 on a GPU, fp32 on the CPU")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per side (default 3)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs per side first (default 1)")
+    parser.add_argument("--background", type=float, default=-6.0,
+                        help="the seeded model's bias for classes other than person and bus (default -6)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the generated images")
+    parser.add_argument("--loader-ab", action="store_true",
+                        help="also time ours with stock's validation loader (YOLO_FASTDETECT_SOURCES=0)")
+    parser.add_argument("--json", type=Path, help="append the rows as records to this file (benchmarks/records/)")
+    args = parser.parse_args(argv)
+    if args.device != "cpu" and not torch.cuda.is_available():
+        raise SystemExit("bench val needs a CUDA GPU (or --device cpu for a smoke run)")
+    args.precisions = args.precisions or (["fp32"] if args.device == "cpu" else ["fp32", "fp16"])
+    from .. import _ext
+
+    _ext.require()
+    print(f"model.val end to end: {environment_line()}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="yfd_bench_val_") as folder:
+        rows = [row for name in args.models for row in bench_model(name, args, Path(folder))]
+    print(f"\nmodel.val on {args.images} generated images, imgsz {args.imgsz}, batch {args.batch}, conf {args.conf}, "
+          f"device {args.device}: median of {args.repeats} runs per side after {args.warmup} warm-up; ms per image "
+          "(wall: the whole model.val call; stages: Ultralytics' metrics.speed; rest: wall less the stages)\n")
+    print(markdown_table(rows))
+    if args.json:
+        existing = json.loads(args.json.read_text()) if args.json.exists() else []
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(existing + records(rows, args.device), indent=1) + "\n")
+        print(f"\nrecords appended to {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""A map-style dataset's batches made on a pool of threads: what a ``DataLoader`` with worker processes gives, the
+same samples collated by the same function in the same order, without the processes.
+
+Ultralytics' validation loader is a ``DataLoader`` whose worker processes each make whole batches: the first batch
+waits for one worker to read its images one after the other, no more workers run than there are batches, and each
+worker is a fork of the validating process. Here every sample is ``dataset[index]`` on a pool of threads
+(:class:`.OrderedPrefetch`; decoding and resizing with OpenCV release the GIL), read ahead in index order, and one
+more thread collates them into batches with the dataset's own ``collate_fn``, so a batch is the one the
+``DataLoader`` makes. Optionally its image tensor is copied into pinned memory there, so that the consumer's copy to
+the GPU is a fast, asynchronous one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from .prefetch import OrderedPrefetch
+
+
+class DatasetBatches:
+    """The batches ``collate_fn([dataset[i] for i in indices])`` for each index list of ``batches``, in order, made up
+    to ``read_ahead`` batches ahead of the consumer: the samples on ``threads`` threads, the collation on one more.
+
+    Args:
+        dataset: A map-style dataset whose ``__getitem__`` may run on several threads at once.
+        batches: The index lists of the batches (a ``BatchSampler``'s output).
+        collate_fn: Makes a batch of a list of samples.
+        threads (int): Threads making samples.
+        read_ahead (int): Batches made ahead of the consumer.
+        pin_key (str | None): The key of a dict batch whose tensor is copied into pinned memory, or None.
+        lower_priority (bool): The threads run below the consumer's priority (:class:`.OrderedPrefetch`).
+
+    Examples:
+        >>> batches = DatasetBatches(list(range(10)), [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]], list, threads=2,
+        ...                          read_ahead=2)
+        >>> list(batches)
+        [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+    """
+
+    def __init__(self, dataset, batches: Sequence[Sequence[int]], collate_fn: Callable[[list], Any], threads: int,
+                 read_ahead: int, pin_key: str | None = None, lower_priority: bool = False):
+        self.dataset, self.batches, self.collate_fn = dataset, [list(batch) for batch in batches], collate_fn
+        self.threads, self.read_ahead, self.pin_key, self.lower_priority = threads, read_ahead, pin_key, lower_priority
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator:
+        largest = max((len(batch) for batch in self.batches), default=1)
+        samples = OrderedPrefetch(self.dataset.__getitem__, (i for batch in self.batches for i in batch),
+                                  self.threads, self.read_ahead * largest, self.lower_priority)
+
+        def collate(batch: list[int]):  # on the one collating thread, so the samples are taken in order
+            made = self.collate_fn([next(samples) for _ in batch])
+            if self.pin_key is not None:
+                made[self.pin_key] = made[self.pin_key].pin_memory()
+            return made
+
+        collated = OrderedPrefetch(collate, self.batches, 1, self.read_ahead, self.lower_priority)
+        try:
+            yield from collated
+        finally:  # also where the consumer stops early or a sample raises: no thread outlives the iteration
+            collated.close()
+            samples.close()
