@@ -11,13 +11,12 @@ import torch
 
 import yolo_fastdetect
 from conftest import detecting_model, write_val_dataset
-from yolo_fastdetect.bench.val import LOGIT_SCALE, METRICS, printed
+from yolo_fastdetect.bench.val import METRICS, logit_scale, printed
 from yolo_fastdetect.patches.val_loader import ValLoader
 
 # Classes other than person and bus below conf 0.001 (-6 leaves every class of every anchor a candidate, and stock's
 # NMS takes seconds a batch on a CPU); the benchmark keeps -6.
 BACKGROUND = -9.0
-HALF_LOGIT_SCALE = 1e3
 # Two metrics this close may still print differently, on either side of a rounding boundary of the last digit.
 STRADDLE = 2e-4
 
@@ -39,9 +38,7 @@ def assert_same_printed_metrics(ours: list[float], stock: list[float]) -> None:
 def test_val_metrics_are_stocks(tmp_path, generator, device, precision, imgsz, batch):
     """Package off, then on, on the same model and set; the metrics are far enough from 0 and 1 to say something. On
     a GPU the patched side reads the set on threads (``patches/val_loader.py``)."""
-    # float16 holds logits below 65504: scaled by LOGIT_SCALE they overflow, and the fp16 model detects nothing.
-    scale = LOGIT_SCALE if precision == "fp32" else HALF_LOGIT_SCALE
-    model = detecting_model(device, logit_scale=scale, background=BACKGROUND)
+    model = detecting_model(device, logit_scale=logit_scale(precision), background=BACKGROUND)
     loaders = []
     model.add_callback("on_val_start", lambda validator: loaders.append(type(validator.dataloader)))
     seed = int(torch.randint(1 << 31, (1,), generator=generator))

@@ -42,8 +42,21 @@ STAGES = ("preprocess", "inference", "postprocess")
 # ``--loader-ab``'s third side: the package on, but the validation set read by stock's DataLoader.
 STOCK_LOADER = "ours_stock_loader"
 METRICS = ("P", "R", "mAP50", "mAP50-95")
-# Class logits scaled so that no two boxes' scores tie (see the module docstring).
+# Class logits scaled so that no two boxes' scores tie (see the module docstring); float16 holds logits below 65504,
+# so a model validated in half precision takes a smaller scale (scaled by 1e7 its logits overflow and it detects
+# nothing).
 LOGIT_SCALE = 1e7
+HALF_LOGIT_SCALE = 1e3
+
+
+def logit_scale(precision: str) -> float:
+    """The class-logit scale of the benchmark's model validated in ``precision`` ("fp32" or "fp16").
+
+    Examples:
+        >>> logit_scale("fp32"), logit_scale("fp16")
+        (10000000.0, 1000.0)
+    """
+    return HALF_LOGIT_SCALE if precision == "fp16" else LOGIT_SCALE
 
 
 def printed(values) -> list[str]:
@@ -84,11 +97,13 @@ def bench_model(name: str, args: argparse.Namespace, folder: Path) -> list[dict]
     """Stock and ours for one model at each precision, on a set made for it under ``folder``."""
     import yolo_fastdetect
 
-    labeller = detecting_model(name, logit_scale=LOGIT_SCALE, background=args.background)
-    data = write_val_dataset(folder / name, labeller, args.images, args.imgsz, args.device, args.seed)
     rows = []
     for precision in args.precisions:
-        model = detecting_model(name, logit_scale=LOGIT_SCALE, background=args.background)
+        # Labelled by the model it validates (a set per precision: the two scales detect differently).
+        labeller = detecting_model(name, logit_scale=logit_scale(precision), background=args.background)
+        data = write_val_dataset(folder / name / precision, labeller, args.images, args.imgsz, args.device,
+                                 args.seed)
+        model = detecting_model(name, logit_scale=logit_scale(precision), background=args.background)
         options = {"imgsz": args.imgsz, "batch": args.batch, "conf": args.conf, "device": args.device,
                    "quantize": 16 if precision == "fp16" else None, "plots": False, "verbose": False,
                    "project": str(folder / "runs"), "exist_ok": True}
