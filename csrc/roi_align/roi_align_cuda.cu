@@ -43,7 +43,7 @@ namespace {
 
 // Bytes of channels a lane pools (one 16-byte load per tap, forward; a float4 atomic, backward), and of the vectors
 // of the transposes. Wider forward packets for 16-bit maps (two loads per tap, 16 channels a lane) measured slower
-// on an H200 once a bin's taps were merged (the benchmark's (4, 256, 80, 80) float16 case).
+// once a bin's taps were merged (benchmarks/RESULTS.md, RoIAlign: the (4, 256, 80, 80) float16 case).
 constexpr int kPacketBytes = 16;
 
 // p, held by the compiler as one 64-bit register. A lane's base address (map + image + channel offsets) would
