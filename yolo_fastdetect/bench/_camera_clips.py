@@ -30,7 +30,7 @@ def _av():
     try:
         import av
     except ImportError as error:
-        raise ImportError("writing H.264 / HEVC clips needs PyAV: pip install 'yolo-fastdetect[video]' (or av)") from error
+        raise ImportError("writing H.264 / HEVC clips needs PyAV (pip install 'yolo-fastdetect[video]')") from error
     return av
 
 
