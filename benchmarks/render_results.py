@@ -24,7 +24,7 @@ RECORDS = HERE / "records"
 RESULTS = HERE / "RESULTS.md"
 PLOT = HERE.parent / "docs" / "e2e.png"
 BENCHMARKS = [
-    "parity", "decode", "nms", "roi_align", "sources", "webcam", "letterbox", "e2e", "val", "scale", "build",
+    "parity", "decode", "nms", "roi_align", "sources", "video", "letterbox", "e2e", "val", "scale", "build",
     "versions",
 ]
 
@@ -133,6 +133,63 @@ SCALE_COLUMNS = [
     ("max box diff (px)", figure("max_box_diff_px")),
 ]
 
+
+def frame_rate(key):
+    """Frames per second, or where the record's side is a latency, its median / p95 ms."""
+    def cell(record):
+        value = record["figures"].get(key)
+        return f"{value:.0f}" if isinstance(value, (int, float)) else "-"
+    return cell
+
+
+def video_side(rate_key, latency_key):
+    """A side of the video table: its frames per second, or in the live row its latency (median / p95 ms)."""
+    def cell(record):
+        latency = record["figures"].get(latency_key)
+        return f"{latency[0]:.1f} / {latency[1]:.1f} ms" if latency else frame_rate(rate_key)(record)
+    return cell
+
+
+def cv2_ceiling(record) -> str:
+    figures, streams = record["figures"], record["config"]["streams"]
+    if "cv2_processes_decode_fps" in figures:
+        return (f"{figures['cv2_threads_decode_fps']:.0f} ({streams} threads), "
+                f"{figures['cv2_processes_decode_fps']:.0f} ({streams} processes)")
+    return frame_rate("cv2_decode_fps")(record)
+
+
+def video_shares(record) -> str:
+    """Ours as a share of its path's decode-only ceiling: CPU decoding against cv2 (in processes where measured),
+    NVDEC against NVDEC alone."""
+    figures = record["figures"]
+    cpu_ceiling = figures.get("cv2_processes_decode_fps", figures.get("cv2_decode_fps"))
+    shares = [f"{name} {figures[ours] / ceiling:.0%}" for name, ours, ceiling in
+              (("CPU", "ours_cpu_fps", cpu_ceiling), ("NVDEC", "ours_nvdec_fps", figures.get("nvdec_decode_fps")))
+              if ours in figures and ceiling]
+    return ", ".join(shares) or "-"
+
+
+def video_clips(record) -> str:
+    config = record["config"]
+    if config["scenario"] == "live_latency":
+        return f"{config['size']}, {config['frames']} frames at {record['figures']['source_fps']:.0f} FPS"
+    return f"{config['streams']}x {config['size']}, {config['frames']} frames"
+
+
+VIDEO_COLUMNS = [
+    ("scenario", config("scenario")),
+    ("clips", video_clips),
+    ("batch", config("batch")),
+    ("stock", video_side("stock_fps", "stock_latency_ms")),
+    ("ours CPU decode", video_side("ours_cpu_fps", "ours_latency_ms")),
+    ("ours NVDEC", frame_rate("ours_nvdec_fps")),
+    ("cv2 decode-only", cv2_ceiling),
+    ("NVDEC decode-only", frame_rate("nvdec_decode_fps")),
+    ("ours / decode-only", video_shares),
+    ("same counts CPU / NVDEC", lambda r: fmt([r["figures"].get(f"same_detections_{side}", "-")
+                                               for side in ("cpu", "nvdec")])),
+]
+
 TABLES = {
     ("parity", "gpu"): (
         "`model.predict` of 16 images made from the wheel's two (scaled 0.5-1.2, every third mirrored), seeded "
@@ -234,8 +291,8 @@ TABLES = {
     ),
     ("sources", "gpu"): (
         "`model.predict(source, stream=True)`, seeded yolov8s.yaml (~200-300 boxes an image), fp16: 256 "
-        "JPEGs from 640x480 to 4K, 300-frame 720p and 1080p mp4v clips; images (frames) per second, median "
-        "of the passes after an untimed one. Ceiling: min(decode-only, in-memory).",
+        "JPEGs from 640x480 to 4K; images per second, median of the passes after an untimed one (videos: "
+        "Video, below). Ceiling: min(decode-only, in-memory).",
         [("setting", config("setting"))] + SOURCE_COLUMNS,
     ),
     ("sources", "memory"): (
@@ -247,19 +304,12 @@ TABLES = {
             ("imports alone MB", figure("imports_mb")),
         ],
     ),
-    ("webcam", "gpu"): (
-        "`demo/webcam.py --headless`: 200 frames of a 640x480 clip (`demo/make_clip.py`), YAML yolo12n, "
-        "fp16, batch 1; mean ms per stage.",
-        [
-            ("mode", config("mode")),
-            ("mean FPS", figure("mean_fps")),
-            ("median FPS", figure("median_fps")),
-            ("capture", figure("capture_ms")),
-            ("preprocess", figure("preprocess_ms")),
-            ("inference", figure("inference_ms")),
-            ("post-process", figure("postprocess_ms")),
-        ],
+    ("video", "gpu"): (
+        "Generated H.264 clips (a camera's pan and zoom), seeded yolov8s.yaml, fp16; frames per second (live: ms "
+        "from release to boxes, median / p95), medians of 3 passes after one; decode-only ceilings of the same run.",
+        VIDEO_COLUMNS,
     ),
+    ("video", "cpu"): ("On a CPU (a smoke run):", VIDEO_COLUMNS),
     ("letterbox", "gpu"): (
         "Stock `LetterBox` + `preprocess` against `ops.letterbox` (one launch per batch of mixed sizes), "
         "bus.jpg / zidane.jpg alternating, ms per batch (median of 15 after 3 warm-up).",
@@ -335,7 +385,7 @@ SECTIONS = {
     "nms": "Batched NMS (`bench nms`)",
     "roi_align": "RoIAlign (`bench roi_align`)",
     "sources": "File sources (`bench sources`)",
-    "webcam": "Webcam demo (`demo/webcam.py --headless`)",
+    "video": "Video (`bench video`)",
     "letterbox": "Letterbox preprocessing (`bench letterbox`)",
     "e2e": "End to end: `model.predict` (`bench e2e`)",
     "val": "Validation: `model.val` (`bench val`)",

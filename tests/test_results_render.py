@@ -39,3 +39,37 @@ def test_the_latest_record_of_a_configuration_wins():
     other = {**old, "config": {"batch": 2}}
     assert render.current([old, other, new]) == [new, other]
     assert render.current([new, old]) == [new]
+
+
+def video_records() -> list[dict]:
+    """GPU records of the three ``bench video`` scenarios, as the benchmark writes them (made-up figures)."""
+    header = {"benchmark": "video", "table": "gpu", "date": "2026-12-06", "commit": "c", "gpu": "NVIDIA H200",
+              "host": "16 CPU cores", "torch": "2.11.0+cu130", "cuda": "13.0", "ultralytics": "8.4.190"}
+    return [
+        {**header, "config": {"scenario": "one_stream", "streams": 1, "size": "720p", "frames": 300, "batch": 8},
+         "figures": {"stock_fps": 250.0, "ours_cpu_fps": 640.0, "ours_nvdec_fps": 1250.0, "cv2_decode_fps": 800.0,
+                     "nvdec_decode_fps": 1600.0, "same_detections_cpu": True, "same_detections_nvdec": True}},
+        {**header, "config": {"scenario": "many_streams", "streams": 8, "size": "1080p", "frames": 150, "batch": 8},
+         "figures": {"stock_fps": 180.0, "ours_cpu_fps": 900.0, "ours_nvdec_fps": 1530.0,
+                     "cv2_threads_decode_fps": 1000.0, "cv2_processes_decode_fps": 1200.0, "nvdec_decode_fps": 1800.0,
+                     "same_detections_cpu": True, "same_detections_nvdec": False}},
+        {**header, "config": {"scenario": "live_latency", "streams": 1, "size": "720p", "frames": 90, "batch": 1},
+         "figures": {"stock_latency_ms": [7.46, 9.1], "ours_latency_ms": [2.54, 3.06], "source_fps": 30.0}},
+    ]
+
+
+def test_the_video_table_shows_each_path_against_its_ceiling():
+    render = renderer()
+    page = render.render(video_records())
+    assert ("| one_stream | 1x 720p, 300 frames | 8 | 250 | 640 | 1250 | 800 | 1600 | CPU 80%, NVDEC 78% | yes / yes |"
+            in page)
+    # CPU decoding against the streams decoded in one process each, NVDEC against NVDEC alone.
+    assert ("| many_streams | 8x 1080p, 150 frames | 8 | 180 | 900 | 1530 | 1000 (8 threads), 1200 (8 processes) | "
+            "1800 | CPU 75%, NVDEC 85% | yes / no |") in page
+    live = "| live_latency | 720p, 90 frames at 30 FPS | 1 | 7.5 / 9.1 ms | 2.5 / 3.1 ms | - | - | - | - | - / - |"
+    assert live in page
+
+
+def test_results_md_keeps_room_for_the_video_table():
+    render = renderer()
+    assert len(render.render(render.load() + video_records()).splitlines()) <= 250

@@ -10,6 +10,9 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from ._camera_clips import BT709
+from ._camera_clips import write_clip as write_h264
+
 SIZES = ((640, 480), (1280, 720), (1920, 1080), (3840, 2160))  # (width, height)
 QUALITIES = (75, 90, 95)
 
@@ -55,27 +58,10 @@ def write_clip(path: Path, frames: int, width: int, height: int, fps: float = 30
     """An mp4 of ``frames`` frames panning across the two assets, ``codec`` "mp4v" (OpenCV's writer) or "h264"
     (PyAV's libx264: needs ``av``)."""
     if codec == "h264":
-        return _write_h264(path, _panning(frames, width, height), width, height, fps)
+        return write_h264(path, _panning(frames, width, height), width, height, fps=round(fps), colorspace=BT709,
+                          primaries=BT709, transfer=BT709)
     writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*codec), fps, (width, height))
     for image in _panning(frames, width, height):
         writer.write(image)
     writer.release()
-    return path
-
-
-def _write_h264(path: Path, images: list[np.ndarray], width: int, height: int, fps: float) -> Path:
-    import av
-
-    bt709 = 1  # AVColorSpace, AVColorPrimaries and AVColorTransferCharacteristic share the code
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("libx264", rate=round(fps), options={"preset": "veryfast"})
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        context = stream.codec_context
-        context.colorspace = context.color_primaries = context.color_trc = bt709
-        context.color_range = 1  # limited
-        for image in images:
-            frame = av.VideoFrame.from_ndarray(image, format="bgr24").reformat(format="yuv420p",
-                                                                               dst_colorspace="itu709")
-            container.mux(stream.encode(frame))
-        container.mux(stream.encode())
     return path

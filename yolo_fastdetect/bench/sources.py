@@ -93,17 +93,23 @@ def in_memory_rate(model, images: list, batch: int, options: dict, repeats: int)
     return statistics.median(one_pass() for _ in range(repeats))
 
 
-def nvdec_decode_rate(path: Path) -> float:
-    """Frames per second of NVDEC alone on ``path`` (BGR on the GPU and its pinned host copy, as the loader hands
+def nvdec_frames(path: Path) -> int:
+    """The frames NVDEC alone decodes from ``path`` (BGR on the GPU and its pinned host copy, as the loader hands
     them to the predictor)."""
     from yolo_fastdetect.sources.nvdec import NvdecVideo
 
-    begin, count = time.perf_counter(), 0
+    count = 0
     with NvdecVideo(str(path), torch.device("cuda", torch.cuda.current_device())) as video:
         for frame in video:
             video.to_host(frame)
             count += 1
-    return count / (time.perf_counter() - begin)
+    return count
+
+
+def nvdec_decode_rate(path: Path) -> float:
+    """Frames per second of :func:`nvdec_frames`."""
+    begin = time.perf_counter()
+    return nvdec_frames(path) / (time.perf_counter() - begin)
 
 
 def decoded(kind: str, paths: list[Path]) -> list:

@@ -53,7 +53,7 @@ GPU_VIDEO_VARIABLE = "YOLO_FASTDETECT_GPU_VIDEO"
 DECODER_NICE_VARIABLE = "YOLO_FASTDETECT_DECODER_NICE"
 # Upload-ahead pays where the predictor's thread bounds the pipeline (batch 1, a folder or a video), and costs where
 # the decoders do, since they take on the copies (larger batches; a video at batch 8, which its one reader thread
-# bounds). So batch 1 only (see benchmarks/RESULTS.md, File sources).
+# bounds). So batch 1 only (see benchmarks/RESULTS.md, File sources and Video).
 UPLOAD_AHEAD_MAX_BATCH = 1
 
 # What check_source treats as a stream, a URL or a screenshot rather than a local file.

@@ -1,0 +1,64 @@
+"""``bench video``: a tiny CPU run through the whole benchmark (its GPU rows skip with their reason), its records,
+and their rendering into RESULTS.md."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from yolo_fastdetect.bench import video
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = ["--device", "cpu", "--model", "yolov8n.yaml", "--imgsz", "160", "--one-stream-size", "160x96",
+         "--many-streams-size", "128x72", "--frames", "6", "--many-frames", "4", "--streams", "2", "--batch", "2",
+         "--live-frames", "3", "--repeats", "1"]
+
+
+def test_help_exits_0(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        video.main(["--help"])
+    assert exit_info.value.code == 0
+    assert "--many-streams-size" in capsys.readouterr().out
+
+
+def test_paced_releases_frames_at_the_source_rate():
+    frames = [object()] * 4
+    released = [release for release, _ in video.paced(frames, fps=50.0)]
+    gaps = [later - earlier for earlier, later in zip(released, released[1:])]
+    assert gaps == pytest.approx([0.02] * 3, abs=1e-9)
+
+
+def test_cpu_smoke_run_and_records(tmp_path):
+    pytest.importorskip("av")
+    records = tmp_path / "video.json"
+    video.main([*SMOKE, "--json", str(records)])
+    made = json.loads(records.read_text())
+    assert [record["config"]["scenario"] for record in made] == list(video.SCENARIOS)
+    one, many, live = made
+    for record in made:
+        assert record["benchmark"] == "video" and record["table"] == "cpu" and record["gpu"] is None
+        for key in ("date", "commit", "torch", "config", "figures"):
+            assert record.get(key), key
+    assert one["config"] == {"scenario": "one_stream", "streams": 1, "size": "160x96", "frames": 6, "batch": 2}
+    assert many["config"]["streams"] == 2 and live["config"]["batch"] == 1
+    for record in (one, many):
+        figures = record["figures"]
+        assert figures["stock_fps"] > 0 and figures["ours_cpu_fps"] > 0
+        assert figures["same_detections_cpu"] is True  # ours decodes on the CPU with stock's frames
+        assert "ours_nvdec_fps" not in figures and record["note"] == "NVDEC not run: no CUDA device"
+    assert one["figures"]["cv2_decode_fps"] > 0
+    assert many["figures"]["cv2_threads_decode_fps"] > 0 and many["figures"]["cv2_processes_decode_fps"] > 0
+    for side in ("stock", "ours"):
+        median, p95 = live["figures"][f"{side}_latency_ms"]
+        assert 0 < median <= p95
+
+    spec = importlib.util.spec_from_file_location("render_results", REPO / "benchmarks" / "render_results.py")
+    render = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render)
+    page = render.render(made)
+    assert "## Video (`bench video`)" in page
+    assert f"| one_stream | 1x 160x96, 6 frames | 2 | {one['figures']['stock_fps']:.0f} |" in page
+    assert "NVDEC not run: no CUDA device." in page
