@@ -9,18 +9,25 @@ from __future__ import annotations
 
 import re
 import threading
+import time
+from copy import copy
 from pathlib import Path
+from types import SimpleNamespace
 
 import cv2
+import numpy as np
 import pytest
 import torch
+from ultralytics.data.loaders import LoadImagesAndVideos
+from ultralytics.engine.predictor import _prefetch
 
 import video_corpus
 import yolo_fastdetect
 from test_sources import model  # noqa: F401 - a fixture: test_sources' seeded model, scores without ties
 from test_sources_upload import taken  # noqa: F401 - a fixture: what each batch's take_uploads returned
 from video_corpus import write_broken, write_h264, write_opencv
-from yolo_fastdetect.sources import PathListLoader, VideoListLoader, file_loader
+from yolo_fastdetect.sources import FileLoader, PathListLoader, VideoListLoader, file_loader
+from yolo_fastdetect.sources import files as files_module
 from yolo_fastdetect.sources import video_list as video_list_module
 
 IMGSZ = 160
@@ -111,8 +118,8 @@ def test_list_of_videos_matches_stock_per_video(model, clips, batch, vid_stride)
     ours = within(TIMEOUT_S, lambda: predict(model, [str(c) for c in clips], batch=batch, vid_stride=vid_stride))
     assert isinstance(model.predictor.dataset, VideoListLoader)
     assert_same_frames(ours, stock)
-    if batch == 1:  # video after video, as stock reads a folder
-        assert [f[:3] for f in ours] == [f[:3] for video in stock.values() for f in video]
+    if batch == 1:  # round-robin across the open videos (at least two): a's first frame, then b's
+        assert [f[:2] for f in ours[:2]] == [(str(clips[0].absolute()), 1), (str(clips[1].absolute()), 1)]
 
 
 @pytest.mark.cuda
@@ -129,21 +136,114 @@ def test_list_of_videos_on_a_gpu_letterboxes_from_the_uploads_at_batch_1(model, 
     assert taken and all((copies is not None) == (batch == 1) for copies in taken)
 
 
-def test_batches_hold_one_frame_of_each_video_of_a_size(clips):
-    """The documented order on the loader itself: slots in list order, one frame size per batch, the sizes taking
-    turns; two 160x120 videos (a: 12 frames, c: 8) advance together, b (171x97, 10) alternates with them."""
-    a, b, c = (str(p.absolute()) for p in clips)
-    loader = file_loader([str(p) for p in clips], batch=3)
-    batches = within(TIMEOUT_S, lambda: [[(p, int(FRAME.match(i)[3])) for p, i in zip(paths, info)]
-                                         for paths, _, info in loader])
-    expected = []
-    for k in range(1, 9):
-        expected += [[(a, k), (c, k)], [(b, k)]]
-    expected += [[(a, 9)], [(b, 9)], [(a, 10)], [(b, 10)], [(a, 11)], [(a, 12)]]
-    assert batches == expected
+def stock_batches(video: Path, batch: int, vid_stride: int) -> list[list[tuple[int, np.ndarray]]]:
+    """Stock's batches of ``video`` alone: per batch, (frame index, image) of each frame."""
+    batches = [[(int(FRAME.match(i)[3]), image) for image, i in zip(images, info)]
+               for _, images, info in LoadImagesAndVideos(str(video), batch=batch, vid_stride=vid_stride)]
+    return batches
+
+
+@pytest.mark.parametrize(("batch", "vid_stride"), [(4, 2), (5, 1)])
+def test_every_batch_is_stocks_batch_of_its_video_alone(clips, batch, vid_stride):
+    """Each batch is one of stock's batches of one video alone (the same frames, so the same batch size; the last one
+    the remainder: 12, 10 and 8 frames, two sizes), handed out round-robin across the two open videos, a video that
+    ends giving its place to the next one."""
+    loader = VideoListLoader([str(c) for c in clips], batch=batch, vid_stride=vid_stride, open_videos=2)
+    ours = within(TIMEOUT_S, lambda: [(paths, [(int(FRAME.match(i)[3]), image) for image, i in zip(images, info)])
+                                      for paths, images, info in loader])
+    stock = {str(c.absolute()): stock_batches(c, batch, vid_stride) for c in clips}
+    for paths, _ in ours:
+        assert len(set(paths)) == 1  # one video per batch
+    for path, batches in stock.items():
+        mine = [frames for paths, frames in ours if paths[0] == path]
+        assert [[index for index, _ in frames] for frames in mine] == [[index for index, _ in frames]
+                                                                        for frames in batches], path
+        for frames, stock_frames in zip(mine, batches):
+            assert all(np.array_equal(image, stock_image) for (_, image), (_, stock_image) in zip(frames, stock_frames))
+    a, b, c = stock
+    rounds = {(4, 2): [a, b, a, b, c],  # frames after the stride: 6 = 4 + 2, 5 = 4 + 1, 4
+              (5, 1): [a, b, a, b, a, c, c]}  # 12 = 5 + 5 + 2 (c takes b's place), 10 = 5 + 5, 8 = 5 + 3
+    assert [paths[0] for paths, _ in ours] == rounds[batch, vid_stride]
+
+
+def test_track_order_hands_out_each_video_whole(clips):
+    """With ``interleave=False`` (``model.track``) the videos come whole, in list order, while the next ones decode."""
+    loader = VideoListLoader([str(c) for c in clips], batch=4, open_videos=3, interleave=False)
+    paths = within(TIMEOUT_S, lambda: [p for batch_paths, _, _ in loader for p in batch_paths])
+    assert paths == [str(c.absolute()) for c, n in zip(clips, (12, 10, 8)) for _ in range(n)]
+
+
+class CountingUploads:
+    """In place of :class:`Uploads` on the CPU: handles that record how many frames are held at once, and whether
+    each batch still holds its uploads when the consumer takes them."""
+
+    def __init__(self, device, capacity: int):
+        self.device, self.capacity = device, capacity
+        self.held: set[int] = set()
+        self.most = 0
+        self.missing = 0  # batches whose uploads were dropped before the take
+        self.lock = threading.Lock()
+
+    def put(self, image):
+        handle = SimpleNamespace(image=image)
+        with self.lock:
+            self.held.add(id(handle))
+            self.most = max(self.most, len(self.held))
+        return handle
+
+    def take(self, handles) -> None:
+        with self.lock:
+            self.missing += not all(id(handle) in self.held for handle in handles)
+            self.held -= {id(handle) for handle in handles}
+
+    def clear(self) -> None:
+        with self.lock:
+            self.held.clear()
+
+
+def consume_as_stock_on_a_gpu(loader, uploads: CountingUploads) -> int:
+    """Stock's CUDA loop over ``loader``: ``_prefetch`` reads the next batch on a thread while this one is used; each
+    batch's uploads are taken a little later (the predictor letterboxes them). The frames seen."""
+    frames = 0
+    for (paths, images, _), _ in _prefetch((batch, copy(loader)) for batch in loader):
+        time.sleep(0.01)  # the readers fill their queues meanwhile, and the prefetch thread asks for the next batch
+        uploads.take(images.uploads)
+        frames += len(paths)
+    return frames
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_uploads_hold_every_frame_in_flight_until_taken(clips, monkeypatch, batch):
+    """The uploads' capacity is the frames a list can hold in flight (each open reader's batch ahead, the frame it
+    waits to hand over, the prefetched batch and the predictor's): never exceeded, so none is dropped before its
+    batch takes it, the last batch's included (the loader's end does not drop them: close() does)."""
+    monkeypatch.setattr(video_list_module, "Uploads", CountingUploads)
+    videos = [str(c) for c in (*clips, *clips)]
+    loader = VideoListLoader(videos, batch=batch, open_videos=3, upload_to=torch.device("cpu"))
+    uploads = loader.uploads
+    assert uploads.capacity == video_list_module.frames_in_flight(3, batch)
+    assert within(TIMEOUT_S, lambda: consume_as_stock_on_a_gpu(loader, uploads)) == 2 * (12 + 10 + 8)
+    assert uploads.most <= uploads.capacity and uploads.missing == 0
+    loader.close()
+    assert not uploads.held
+
+
+def test_a_folders_last_batch_keeps_its_uploads(clips, tmp_path, monkeypatch):
+    """FileLoader's end (stock's prefetch thread asking past the last batch) leaves that batch's uploads to it."""
+    made = []
+    monkeypatch.setattr(files_module, "loader_uploads", lambda device, *args: made.append(CountingUploads(device, 0))
+                        or made[-1])
+    folder = tmp_path / "videos"
+    folder.mkdir()
+    for clip in clips:
+        (folder / clip.name).write_bytes(clip.read_bytes())
+    loader = FileLoader(str(folder), batch=1, upload_to=torch.device("cpu"))
+    assert within(TIMEOUT_S, lambda: consume_as_stock_on_a_gpu(loader, made[0])) == 12 + 10 + 8
+    assert made[0].missing == 0
 
 
 def test_first_results_come_before_the_last_video_opens(model, clips, monkeypatch):
+    monkeypatch.setenv("YOLO_FASTDETECT_DECODE_THREADS", "2")  # two videos open at once
     opened: list[str] = []
     reader = video_list_module.VideoReader
 
@@ -204,13 +304,31 @@ def test_lists_that_stay_elsewhere(clips, tmp_path):
     with pytest.raises(ValueError, match=r"mixes videos .*a\.mp4.* with images .*a\.jpg"):
         file_loader([str(clips[0]), str(image)])
     assert isinstance(file_loader([str(image)]), PathListLoader)
-    for source in ("list.streams", "rtsp://host/a.mp4", 0, ["https://host/a.mp4"]):
+    live = tmp_path / "live.streams"  # a file with one live entry stays stock's (latest-frame semantics)
+    live.write_text(f"{clips[0]}\nrtsp://host/a\n")
+    missing = tmp_path / "missing.streams"  # a file that is not there: stock's error
+    missing.write_text(f"{clips[0]}\n{tmp_path / 'gone.mp4'}\n")
+    for source in ("list.streams", "rtsp://host/a.mp4", 0, ["https://host/a.mp4"], str(live), str(missing)):
         assert file_loader(source) is None, source
 
 
-def test_open_videos_and_read_ahead_are_bounded(clips, monkeypatch):
-    """Many videos: at most ``batch + read_ahead`` readers (threads, open files) at once, every frame still read."""
-    monkeypatch.setenv("YOLO_FASTDETECT_READ_AHEAD", "2")
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_streams_file_of_local_videos_matches_stock_per_video(model, clips, tmp_path, monkeypatch, batch):
+    """A ``.streams`` file of video files (one relative to the working directory): every frame of each, as stock
+    predicts each alone (stock's LoadStreams would drop frames of files)."""
+    monkeypatch.chdir(clips[0].parent)
+    streams = tmp_path / "videos.streams"
+    streams.write_text(f"{clips[0].name}\n{clips[1]}\n{clips[2]}\n")
+    stock = stock_per_video(model, clips, batch=batch, vid_stride=2)
+    ours = within(TIMEOUT_S, lambda: predict(model, str(streams), batch=batch, vid_stride=2))
+    assert isinstance(model.predictor.dataset, VideoListLoader)
+    assert_same_frames(ours, stock)
+
+
+def test_open_videos_are_bounded(clips, monkeypatch):
+    """Many videos: at most as many readers (threads, open files) at once as decoder threads, every frame still
+    read."""
+    monkeypatch.setenv("YOLO_FASTDETECT_DECODE_THREADS", "3")
     videos = [str(clips[0]), str(clips[2])] * 6
     loader = file_loader(videos, batch=3)
 
@@ -220,7 +338,7 @@ def test_open_videos_and_read_ahead_are_bounded(clips, monkeypatch):
 
     counts = within(TIMEOUT_S, per_batch)
     assert sum(frames for frames, _ in counts) == 6 * (12 + 8)
-    assert max(readers for _, readers in counts) <= 3 + 2
+    assert max(readers for _, readers in counts) == 3
 
 
 def test_track_follows_one_video_at_a_time(model, clips):

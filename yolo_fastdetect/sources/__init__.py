@@ -5,7 +5,11 @@ stock (streams, webcams, screenshots, URLs, in-memory images and tensors):
 
 - a path (image, video, folder, glob, ``.txt``/``.csv`` list of paths): :class:`FileLoader`;
 - a list or tuple of paths (``str`` or ``Path``): :class:`PathListLoader`; of video paths, :class:`VideoListLoader`
-  (every frame of every video, batched across the videos; a list that mixes videos and images raises ``ValueError``).
+  (every frame of every video, each batch one of stock's batches of one video alone; a list that mixes videos and
+  images raises ``ValueError``);
+- a ``.streams`` file whose every line is a local video file: :class:`VideoListLoader`, every frame of each video as
+  stock predicts it alone (stock's ``LoadStreams`` drops frames of files); one with any live entry (webcam, URL,
+  RTSP) stays stock's, with its latest-frame semantics.
 
 Each loader's batches are stock's ``(paths, im0s, info)``, ``im0s`` an :class:`ImageBatch` (:mod:`.batch`): the list
 of images, with their uploads to the GPU and stock's letterbox geometry, which the patched ``preprocess`` asks.
@@ -27,9 +31,13 @@ Settings (environment variables, read when a loader is made):
 
 from __future__ import annotations
 
+import os
+from codecs import BOM_UTF8
+from io import TextIOWrapper
 from pathlib import Path
 
 import torch
+from ultralytics.data.utils import VID_FORMATS
 
 from .. import config
 from .batch import ImageBatch
@@ -83,6 +91,29 @@ def _is_local_path(source: object) -> bool:
     return not (source.isnumeric() or lower.endswith(".streams") or lower.startswith(_STREAM_PREFIXES) or screenshot)
 
 
+def local_video_streams(source: object) -> list[str] | None:
+    """The lines of a ``.streams`` file, read as stock's ``LoadStreams`` reads them, where every one is an existing
+    local video file (by suffix, as stock sorts a folder's files); None for any other source, and for a ``.streams``
+    file with a webcam index, a URL, a stream, a missing file or an empty list (stock's loader then reads it, or
+    raises its error).
+
+    Examples:
+        >>> local_video_streams("cameras.streams")  # lines "a.mp4" and "b.avi", both files here  # doctest: +SKIP
+        ['a.mp4', 'b.avi']
+    """
+    if not isinstance(source, (str, Path)) or not str(source).lower().endswith(".streams"):
+        return None
+    if not os.path.isfile(source):
+        return None
+    with open(source, "rb") as file:
+        encoding = "utf-8-sig" if file.peek(3).startswith(BOM_UTF8) else None  # as LoadStreams
+        with TextIOWrapper(file, encoding=encoding) as reader:
+            lines = reader.read().rsplit()
+    local = all(_is_local_path(line) and line.rpartition(".")[-1].lower() in VID_FORMATS and os.path.isfile(line)
+                for line in lines)
+    return lines if lines and local else None
+
+
 def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3, device: torch.device | None = None,
                 tracking: bool = False) -> FileLoader | PathListLoader | VideoListLoader | None:
     """The parallel loader for ``source``, or None where Ultralytics' own loader stays (not a file source, or
@@ -91,7 +122,7 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3, 
     :mod:`.prefetch`; not with ``YOLO_FASTDETECT_DECODER_NICE=0``) and upload the images there at batch 1 (unless
     ``YOLO_FASTDETECT_UPLOAD_AHEAD=0``), with ``YOLO_FASTDETECT_GPU_JPEG=1`` a file source's JPEGs decode there, and
     with ``YOLO_FASTDETECT_GPU_VIDEO=1`` its videos (NVDEC, where exact).
-    ``tracking``: for ``model.track``, a list of videos is read one video at a time.
+    ``tracking``: for ``model.track``, a list of videos is handed out one video at a time.
 
     Examples:
         >>> loader = file_loader("path/to/folder", batch=16)
@@ -104,7 +135,8 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3, 
         isinstance(item, Path) or (isinstance(item, str) and not item.lower().startswith(("http://", "https://")))
         for item in source
     )
-    video_list = path_list and is_video_list(source)
+    streams = local_video_streams(source)
+    video_list = streams is not None or (path_list and is_video_list(source))
     if path_list and not video_list:
         # Stock predicts a list of images as one batch, whatever `batch` says; the batch's size decides cuDNN's
         # algorithms, whose rounding (TF32, fp16) shows in the boxes, so the loader's one batch is the list too.
@@ -114,12 +146,14 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3, 
     options = {"batch": batch, "channels": channels, "threads": decode_threads(), "read_ahead": read_ahead(),
                "upload_to": device if upload else None, "lower_priority": nice}
     gpu_video = device if config.get(GPU_VIDEO_VARIABLE) else None
-    if _is_local_path(source):
+    if streams is None and _is_local_path(source):
         gpu_jpeg = device if config.get(GPU_JPEG_VARIABLE) else None
         return FileLoader(source, vid_stride=vid_stride, gpu_jpeg=gpu_jpeg, gpu_video=gpu_video, **options)
     if video_list:
-        return VideoListLoader(source, batch, vid_stride, channels, options["read_ahead"], options["upload_to"],
-                               side_by_side=1 if tracking else None, gpu_video=gpu_video)
+        # As many videos decode at once as there are decoder threads (at least two, so that one decodes while
+        # another's batch is handed out): each reader is one thread, a batch ahead.
+        return VideoListLoader(streams or source, batch, vid_stride, channels, open_videos=max(2, options["threads"]),
+                               upload_to=options["upload_to"], gpu_video=gpu_video, interleave=not tracking)
     if path_list:
         return PathListLoader(source, opencv_jpeg=config.get(LIST_OPENCV_VARIABLE), **options)
     return None

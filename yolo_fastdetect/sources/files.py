@@ -149,7 +149,9 @@ class FileLoader(LoadImagesAndVideos):
             if self.count >= self.nf:
                 if images:
                     return paths, images, info, uploads
-                self.close()
+                # The uploads stay: the last batch's may not be taken yet (stock's prefetch thread asks for the next
+                # batch while the predictor letterboxes this one); close() drops them.
+                self._stop_decoders()
                 raise StopIteration
             if self.video_flag[self.count]:
                 if self._next_frame(paths, images, info, uploads):
@@ -188,12 +190,17 @@ class FileLoader(LoadImagesAndVideos):
             self._in_video = False
         return item.last
 
-    def close(self) -> None:
-        """Stop the decoder threads and release the videos (idempotent; the predictor calls it when it stops)."""
+    def _stop_decoders(self) -> None:
+        """Stop the decoder threads and release the videos (idempotent)."""
         for reader in (self._images, self._videos):
             if reader is not None:
                 reader.close()
         self._images = self._videos = None
         self._in_video = False
+
+    def close(self) -> None:
+        """Stop the decoder threads, release the videos and drop the uploads not taken (idempotent; the predictor
+        calls it when it stops)."""
+        self._stop_decoders()
         if self.uploads is not None:
             self.uploads.clear()

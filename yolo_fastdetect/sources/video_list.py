@@ -1,37 +1,41 @@
-"""A Python list (or tuple) of video paths: every frame of every video, batched across the videos.
+"""A list of video files: every frame of every video, each batch one of stock's batches of one video alone.
 
-Stock Ultralytics opens every entry of a list as an image (``autocast_list``), so a list of videos fails there (a
-video is no image: ``UnidentifiedImageError``, or offline ``ModuleNotFoundError: pi_heif``), and its ``.streams``
+Stock Ultralytics opens every entry of a Python list as an image (``autocast_list``), so a list of videos fails there
+(a video is no image: ``UnidentifiedImageError``, or offline ``ModuleNotFoundError: pi_heif``), and its ``.streams``
 loader drops frames of files. :class:`VideoListLoader` reads each video with :class:`.VideoReader` (stock's frame
-rules: ``vid_stride`` grabs then one retrieve, the reported frame count) and batches across the videos.
+rules: ``vid_stride`` grabs then one retrieve, the reported frame count) and :func:`.file_loader` gives it a Python
+list of videos and a ``.streams`` file whose every line is a local video file.
 
-Order: the videos fill ``batch`` slots in list order, and a video that ends frees its slot for the next video of
-the list. A batch holds the next frame of each slot's video, in slot order, that share one frame size (so that each
-frame is letterboxed exactly as stock letterboxes its video alone) and one frame rate (the loader's ``fps``, which a
-saved video takes): those of the slot whose turn it is. The turn starts at the first slot and passes, after each
-batch, to the next slot (in slot order, going round) that the batch left out. Videos of one size and rate thus
-advance together, a frame each per batch, and the other sizes and rates take turns with them. At batch 1 that is
-video after video, as stock reads a folder. Each frame's path is its video's absolute path (as stock names a video)
-and its ``info`` string is stock's ``video i/n (frame f/F) path: ``, ``i`` the video's place in the list; the
-loader's ``frame`` and ``frames`` are those of the batch's last frame (each frame's own are in its ``info``).
+Batches: each batch is exactly one of the batches stock gives when it predicts that video alone with the same
+``batch`` and ``vid_stride``: ``batch`` consecutive frames of one video, its last batch the remainder. A batch never
+mixes videos, because on a GPU cuDNN picks its convolution algorithm (and with it the TF32 / fp16 summation order)
+per problem, the batch size included: a frame run in a batch of another size than stock's can gain or lose a box at
+the threshold. Each frame's path is its video's absolute path (as stock names a video), its ``info`` string stock's
+``video i/n (frame f/F) path: `` (``i`` the video's place in the list), and the loader's ``frame``, ``frames`` and
+``fps`` are those of the batch's video as the batch is returned (a saved video takes its own frame rate).
 
-Decoding: one :class:`.VideoReader` thread per open video, each at most ``read_ahead`` frames ahead, and the
-``read_ahead`` next videos opened ahead of their slots; so at most ``batch + read_ahead`` videos are open at once and
-the first batch comes before the last video is opened.
+Order: up to ``open_videos`` videos are open at once, in list order, and batches are handed out round-robin across
+them (video 1's first batch, video 2's first batch, ..., then the second batches); a video that ends gives its place
+in the round to the next video of the list. Each video's frames thus come in order, and the first results before the
+last video is opened. With ``interleave=False`` (``model.track``: Ultralytics' tracker follows one video and resets
+when the path changes) each video is handed out whole before the next, the next ones decoding meanwhile.
 
-Tracking (``model.track``) reads the videos one at a time, a frame per batch: Ultralytics' tracker follows one video
-and resets when the path changes, so interleaved videos would reset it at every frame.
+Decoding: one :class:`.VideoReader` thread per open video, each holding at most a batch of frames ahead (and the one
+it waits to hand over), so memory is bounded by ``open_videos x (batch + 1)`` frames plus the batches in the
+predictor's hands (:func:`frames_in_flight`, which also sizes the uploads). While one video's batch is predicted
+the other open videos' readers decode theirs, so several cores decode at once; :func:`.file_loader` opens as many
+videos as there are decoder threads (``YOLO_FASTDETECT_DECODE_THREADS``, the cores less one), at least two.
 
 Bad input: a missing path raises stock's ``FileNotFoundError("... does not exist")``, and an empty (0-byte) file
 stock's ``FileNotFoundError("Failed to open video ...")``, both before any frame. A video that does not open (cut
 before its index, not a video) is left out while the others go on, and after their last frame one
-``FileNotFoundError`` names every such file. A video cut mid-stream ends at its last readable frame, as in stock.
+``FileNotFoundError`` names every such file. A video cut mid-stream ends at its last readable frame, as in stock; a
+video without frames gives none.
 """
 
 from __future__ import annotations
 
 import os
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +47,7 @@ from ultralytics.data.utils import IMG_FORMATS, VID_FORMATS
 
 from .batch import ImageBatch
 from .upload import Uploads
-from .video import VIDEO_END, VideoFrame, VideoReader, VideoStart
+from .video import VIDEO_END, VideoReader, VideoStart
 
 
 def _suffix(path: str | Path) -> str:
@@ -69,43 +73,55 @@ def is_video_list(paths: Sequence[str | Path]) -> bool:
     return True
 
 
+def frames_in_flight(open_videos: int, batch: int) -> int:
+    """Frames a :class:`VideoListLoader` holds decoded at most, hence uploads ahead at most: per open video a batch in
+    its reader's queue and the frame the reader waits to hand over; the batch being gathered (or gathered, waiting in
+    stock's prefetch thread); and the batch in the predictor's hands.
+
+    Examples:
+        >>> frames_in_flight(open_videos=4, batch=8)
+        52
+    """
+    return open_videos * (batch + 1) + 2 * batch
+
+
 @dataclass
 class _OpenVideo:
-    """A video in a slot: its place in the list, reader, stock's counters and its next frame, read ahead of the batch
-    that takes it (its size picks the batch)."""
+    """An open video: its place in the list, its reader, and stock's counters."""
 
     index: int
     reader: VideoReader
+    started: bool = False
+    ended: bool = False
     fps: float = 0.0
     frames: int = 0
     frame: int = 0
-    next: VideoFrame | None = None
 
 
 class VideoListLoader(LoadImagesAndVideos):
-    """Batches of frames from a list of videos, one frame of each of up to ``batch`` videos per batch (see the module
-    docstring for the order), decoded ahead on one thread per open video.
+    """Batches of frames from a list of videos, each batch one of stock's batches of one video alone, handed out
+    round-robin across the open videos (see the module docstring), decoded ahead on one thread per open video.
 
     Args:
         paths (Sequence[str | Path]): Video files, in the order to read them.
-        batch (int): Batch size: videos read side by side.
+        batch (int): Batch size, as stock's for one video.
         vid_stride (int): Video frame-rate stride.
         channels (int): Image channels of the model (1 grayscale, 3 BGR).
-        read_ahead (int): Frames decoded ahead per video, and videos opened ahead of their slots.
+        open_videos (int): Videos open (and decoding) at once.
         upload_to (torch.device | None): A CUDA device the reader threads upload the frames to (:mod:`.upload`).
         gpu_video (torch.device | None): A CUDA device to decode the videos on with NVDEC where that gives cv2's
             frames (:mod:`.nvdec`; their copies ride in :attr:`uploads`), or None.
-        side_by_side (int | None): Videos read side by side (slots), default ``batch``; 1 for a tracker, which
-            follows one video at a time (Ultralytics resets it when the path changes).
+        interleave (bool): Hand out the open videos' batches in turn; False for a tracker, which follows one video
+            at a time: each video whole, in list order.
 
     Examples:
-        >>> for paths, images, info in VideoListLoader(["a.mp4", "b.mp4"], batch=2):
+        >>> for paths, images, info in VideoListLoader(["a.mp4", "b.mp4"], batch=8, open_videos=2):
         ...     pass
     """
 
     def __init__(self, paths: Sequence[str | Path], batch: int = 1, vid_stride: int = 1, channels: int = 3,
-                 read_ahead: int = 2, upload_to: torch.device | None = None, side_by_side: int | None = None,
-                 gpu_video: torch.device | None = None):
+                 open_videos: int = 2, upload_to: torch.device | None = None, gpu_video: torch.device | None = None,
+                 interleave: bool = True):
         # LoadImagesAndVideos.__init__ is not called: it sorts a list and opens its first video.
         files = []
         for p in paths:
@@ -116,109 +132,96 @@ class VideoListLoader(LoadImagesAndVideos):
                 raise FileNotFoundError(f"Failed to open video {path}")
             files.append(path)
         self.files, self.nf, self.ni, self.video_flag = files, len(files), 0, [True] * len(files)
-        self.mode, self.vid_stride, self.bs, self.read_ahead = "video", vid_stride, batch, read_ahead
-        self.side_by_side = side_by_side or batch
+        self.mode, self.vid_stride, self.bs = "video", vid_stride, batch
+        self.open_videos, self.interleave = max(1, open_videos), interleave
         self.cv2_flag = {1: cv2.IMREAD_GRAYSCALE, 3: cv2.IMREAD_COLOR}.get(channels, cv2.IMREAD_UNCHANGED)
         self.cap, self.frame, self.frames, self.fps, self.count = None, 0, 0, 0.0, 0
         self.source_type = SourceTypes()  # frames carry their index in ``info``, as a file source's do
-        # Frames uploaded ahead at most: per open video its queue, the frame its reader holds while it waits for room
-        # and the frame read ahead; and the predictor's batches.
-        in_flight = (self.side_by_side + read_ahead) * (read_ahead + 3) + 2 * batch
         device = upload_to or gpu_video
+        in_flight = frames_in_flight(min(self.open_videos, self.nf), batch)
         self.uploads = Uploads(device, in_flight) if device is not None else None
         self._upload_ahead, self._gpu_video = upload_to is not None, gpu_video is not None
-        self._slots: list[_OpenVideo | None] = []
-        self._ahead: deque[_OpenVideo] = deque()
-        self._next_index = 0
-        self._turn = 0
+        self._slots: list[_OpenVideo | None] = []  # the open videos, in their order of the round
+        self._turn = 0  # the slot whose batch comes next
+        self._next_index = 0  # the next video of the list to open
         self._failed: list[str] = []
 
     def __iter__(self) -> VideoListLoader:
         self.close()
-        self.count = 0
-        self._slots = [None] * min(self.side_by_side, self.nf)
-        self._next_index, self._turn = 0, 0
-        self._failed = []
-        self._open_ahead()
+        self.count, self._turn, self._next_index = 0, 0, 0
+        self._slots = [self._open_next() for _ in range(min(self.open_videos, self.nf))]
         return self
 
-    def _open_ahead(self) -> None:
-        """Start readers for the next videos, up to ``read_ahead`` beyond the slots."""
-        while len(self._ahead) < self.read_ahead and self._next_index < self.nf:
-            gray = self.cv2_flag == cv2.IMREAD_GRAYSCALE
-            reader = VideoReader([self.files[self._next_index]], self.vid_stride, gray, self.read_ahead + 1,
-                                 on_frame=self.uploads.put if self._upload_ahead else None,
-                                 gpu_frames=self.uploads if self._gpu_video else None)
-            self._ahead.append(_OpenVideo(self._next_index, reader))
-            self._next_index += 1
+    def _open_next(self) -> _OpenVideo | None:
+        """Start a reader for the next video of the list (None when none is left); it decodes a batch ahead."""
+        if self._next_index >= self.nf:
+            return None
+        reader = VideoReader([self.files[self._next_index]], self.vid_stride, self.cv2_flag == cv2.IMREAD_GRAYSCALE,
+                             self.bs, on_frame=self.uploads.put if self._upload_ahead else None,
+                             gpu_frames=self.uploads if self._gpu_video else None)
+        self._next_index += 1
+        return _OpenVideo(self._next_index - 1, reader)
 
-    def _next_video(self) -> _OpenVideo | None:
-        """The next video that opens and has a frame, its counters and first frame set; None when none is left. One
-        that does not open is noted; one without a frame counts as read."""
-        while self._ahead:
-            video = self._ahead.popleft()
-            self._open_ahead()
+    def __next__(self) -> tuple[list[str], ImageBatch, list[str]]:
+        while any(video is not None for video in self._slots):
+            slot = self._turn
+            video = self._slots[slot]
+            batch = self._read_batch(video) if video is not None else None
+            if video is None or video.ended:
+                self._slots[slot] = self._open_next() if video is not None else None
+            if self.interleave or video is None or video.ended:
+                self._turn = (slot + 1) % len(self._slots)
+            if batch:
+                return batch
+        # Every reader has ended. The uploads stay: the last batch's may not be taken yet (stock's prefetch thread
+        # asks for the next batch while the predictor letterboxes this one); close() drops them.
+        failed, self._failed = self._failed, []
+        if failed:
+            raise FileNotFoundError(f"Failed to open video{'s' if len(failed) > 1 else ''} {', '.join(failed)}")
+        raise StopIteration
+
+    def _read_batch(self, video: _OpenVideo) -> tuple[list[str], ImageBatch, list[str]] | None:
+        """The video's next batch, as stock's: up to ``batch`` frames, fewer where the video ends (then its reader is
+        released); None where it gives no frame (it ended, had none, or did not open: noted for the error at the
+        end)."""
+        path = self.files[video.index]
+        if not video.started:
+            video.started = True
             try:
                 start: VideoStart = video.reader.get()
             except FileNotFoundError:
-                self._failed.append(self.files[video.index])
-                continue
+                self._failed.append(path)
+                video.ended = True
+                return None
             video.fps, video.frames = start.fps, start.frames
-            if self._advance(video):
-                return video
-        return None
-
-    def _advance(self, video: _OpenVideo) -> bool:
-        """Read ``video``'s next frame into ``video.next``; False (and the video released) when it has ended."""
-        item = video.reader.get() if video.next is None or not video.next.last else VIDEO_END
-        if item is VIDEO_END:
+        paths, images, info, uploads = [], [], [], []
+        while len(images) < self.bs:
+            item = video.reader.get()
+            if item is VIDEO_END:
+                video.ended = True
+                break
+            video.frame += 1
+            paths.append(path)
+            images.append(item.image)
+            uploads.append(item.upload)
+            info.append(f"video {video.index + 1}/{self.nf} (frame {video.frame}/{video.frames}) {path}: ")
+            if item.last:
+                video.ended = True
+                break
+        if video.ended:
             video.reader.close()
             self.count += 1
-            return False
-        video.next = item
-        return True
-
-    def __next__(self) -> tuple[list[str], ImageBatch, list[str]]:
-        for slot, video in enumerate(self._slots):
-            if video is None:
-                self._slots[slot] = self._next_video()
-        open_slots = [slot for slot, video in enumerate(self._slots) if video is not None]
-        if not open_slots:
-            failed = self._failed
-            self.close()
-            if failed:
-                raise FileNotFoundError(f"Failed to open video{'s' if len(failed) > 1 else ''} {', '.join(failed)}")
-            raise StopIteration
-        turn = next((slot for slot in open_slots if slot >= self._turn), open_slots[0])
-        group = self._group(self._slots[turn])
-        taken = [slot for slot in open_slots if self._group(self._slots[slot]) == group]
-        others = [slot for slot in open_slots if slot not in taken]  # the turn passes to the next one of these
-        self._turn = next((slot for slot in others if slot > turn), others[0] if others else turn)
-        paths, images, info, uploads = [], [], [], []
-        for slot in taken:
-            video = self._slots[slot]
-            video.frame += 1
-            path = self.files[video.index]
-            paths.append(path)
-            images.append(video.next.image)
-            uploads.append(video.next.upload)
-            info.append(f"video {video.index + 1}/{self.nf} (frame {video.frame}/{video.frames}) {path}: ")
-            self.frame, self.frames, self.fps = video.frame, video.frames, video.fps
-            if not self._advance(video):
-                self._slots[slot] = None
+        if not images:
+            return None
+        self.frame, self.frames, self.fps = video.frame, video.frames, video.fps
         return paths, ImageBatch(images, uploads), info
 
-    @staticmethod
-    def _group(video: _OpenVideo) -> tuple:
-        """What the frames of one batch share: their size (the letterbox) and their video's frame rate (``fps``, which
-        a saved video takes)."""
-        return video.next.image.shape, video.fps
-
     def close(self) -> None:
-        """Stop the reader threads and release the videos (idempotent; the predictor calls it when it stops)."""
-        for video in [*self._slots, *self._ahead]:
+        """Stop the reader threads, release the videos and drop the uploads not taken (idempotent; the predictor
+        calls it when it stops)."""
+        for video in self._slots:
             if video is not None:
                 video.reader.close()
-        self._slots, self._ahead, self._failed = [], deque(), []
+        self._slots, self._failed = [], []
         if self.uploads is not None:
             self.uploads.clear()
