@@ -65,13 +65,13 @@ def subprocess_env(**overrides: str) -> dict[str, str]:
 
 
 def detecting_model(device: str = "cpu", config: str = "yolo11n.yaml", logit_scale: float = 1.0,
-                    background: float = -6.0):
+                    background: float = -6.0, calibrated: bool = False):
     """The benchmarks' seeded model that detects (:func:`yolo_fastdetect.bench._timing.detecting_model`) on
     ``device``: person and bus biases raised, the others at ``background``, ``logit_scale`` 1e7 for scores without
-    ties."""
+    ties, ``calibrated`` batch norms for features of a trained model's scale."""
     from yolo_fastdetect.bench._timing import detecting_model as seeded_model
 
-    return seeded_model(config, device, logit_scale, background=background)
+    return seeded_model(config, device, logit_scale, background=background, calibrated=calibrated)
 
 
 def asset_images() -> list[str]:

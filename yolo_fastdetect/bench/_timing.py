@@ -7,6 +7,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
 
@@ -94,6 +95,7 @@ def detecting_model(
     raised: tuple[int, ...] | None = (0, 5),
     seed: int = 0,
     background: float = -6.0,
+    calibrated: bool = False,
 ):
     """The model ``config``, seeded with ``seed``; one built from a YAML gets class biases that make random weights
     detect (in the one-to-one branch too, where there is one): 1 for the classes in ``raised`` (person and bus by
@@ -103,6 +105,10 @@ def detecting_model(
     Random weights give nearly the same class logit everywhere, so most scores tie; ``logit_scale`` (e.g. 1e7) scales
     the class convolutions' weights so that scores differ from box to box and stock and patched NMS keep the same
     boxes in the same order. The benchmarks' and the tests' model.
+    ``calibrated`` gives the batch norms the statistics of the wheel's images (:func:`calibrate_batch_norms`): random
+    weights with default statistics shrink the features to nearly nothing by the head, which half precision cannot
+    resolve; calibrated, every layer's features have a trained model's scale and half precision rounds them as it
+    rounds a trained model's.
 
     Examples:
         >>> model = detecting_model("yolo11n.yaml", "cpu", logit_scale=1e7)
@@ -119,7 +125,32 @@ def detecting_model(
             bias[[c for c in raised if c < len(bias)] if raised is not None else slice(None)] = 1.0
             branch[-1].bias.data.copy_(bias)
             branch[-1].weight.data.mul_(logit_scale)
+        if calibrated:
+            calibrate_batch_norms(model.model)
     return model.to(device) if device is not None else model
+
+
+def calibrate_batch_norms(net: torch.nn.Module, imgsz: int = 640) -> None:
+    """Set every batch norm's running statistics to those of one training-mode forward pass over the wheel's two
+    images (each resized to ``imgsz`` square, and mirrored), so that each layer's output has unit scale; ``net`` is
+    left in eval mode."""
+    import cv2
+
+    from ._tiny_dataset import asset_images
+
+    images = []
+    for path in asset_images():
+        image = cv2.resize(cv2.imread(path), (imgsz, imgsz))[:, :, ::-1]
+        images += [image, image[:, ::-1]]
+    batch = torch.from_numpy(np.ascontiguousarray(np.stack(images))).permute(0, 3, 1, 2).float() / 255
+    norms = [module for module in net.modules() if isinstance(module, torch.nn.BatchNorm2d)]
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.momentum = None  # a cumulative average: after one pass, the pass's statistics
+    net.train()
+    with torch.no_grad():
+        net(batch)
+    net.eval()
 
 
 def _commit() -> str:

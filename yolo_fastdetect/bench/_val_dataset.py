@@ -58,7 +58,7 @@ def write_val_dataset(root: Path, model, count: int, imgsz: int = 640, device: s
 
     Examples:
         >>> from yolo_fastdetect.bench._timing import detecting_model
-        >>> data = write_val_dataset(Path("/tmp/val_set"), detecting_model("yolo11n.yaml", logit_scale=1e7), 64)
+        >>> data = write_val_dataset(Path("/tmp/val_set"), detecting_model("yolo11n.yaml", calibrated=True), 64)
     """
     import yolo_fastdetect
 

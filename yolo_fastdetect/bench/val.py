@@ -3,9 +3,11 @@ against yolo_fastdetect, with the metrics of both.
 
 Per model, a labelled set of ``--images`` JPEGs is made from the wheel's bus.jpg and zidane.jpg (random crops, mirrors
 and scales, labelled by the model's own stock predictions: :mod:`._val_dataset`). The model is the benchmarks' seeded
-YAML model (:func:`._timing.detecting_model`) with its class logits scaled so that scores do not tie (where they
-tie, which of the tied boxes NMS keeps is arbitrary on either side, and so are the metrics); it is built afresh for
-each precision, since Ultralytics fuses and casts the model it validates in place. Both sides validate it in one
+YAML model (:func:`._timing.detecting_model`) with its batch norms calibrated on the wheel's images, so that its
+features have a trained model's scale: half precision rounds them as it rounds a trained model's (with default
+statistics the head's features are too small for float16 to tell apart, and an fp16 set says nothing), and its
+scores spread enough not to tie in float32. One set serves both precisions; the model is built afresh for each,
+since Ultralytics fuses and casts the model it validates in place. Both sides validate it in one
 process, toggled with ``yolo_fastdetect.disable()`` / ``enable()``: ``--warmup`` untimed runs then ``--repeats``
 timed runs each, stock and ours alternating; each run is a whole ``model.val`` call, as a user makes it (dataset,
 loader and workers, warm-up, metrics), and the wall time is divided by the images.
@@ -42,23 +44,6 @@ STAGES = ("preprocess", "inference", "postprocess")
 # ``--loader-ab``'s third side: the package on, but the validation set read by stock's DataLoader.
 STOCK_LOADER = "ours_stock_loader"
 METRICS = ("P", "R", "mAP50", "mAP50-95")
-# Class logits scaled so that no two boxes' scores tie (see the module docstring); float16 holds logits below 65504,
-# so a model validated in half precision takes a smaller scale (scaled by 1e7 its logits overflow and it detects
-# nothing).
-LOGIT_SCALE = 1e7
-HALF_LOGIT_SCALE = 1e3
-
-
-def logit_scale(precision: str) -> float:
-    """The class-logit scale of the benchmark's model validated in ``precision`` ("fp32" or "fp16").
-
-    Examples:
-        >>> logit_scale("fp32"), logit_scale("fp16")
-        (10000000.0, 1000.0)
-    """
-    return HALF_LOGIT_SCALE if precision == "fp16" else LOGIT_SCALE
-
-
 def printed(values) -> list[str]:
     """``values`` as Ultralytics' validator prints its metrics (``%11.3g``, without the padding).
 
@@ -97,13 +82,13 @@ def bench_model(name: str, args: argparse.Namespace, folder: Path) -> list[dict]
     """Stock and ours for one model at each precision, on a set made for it under ``folder``."""
     import yolo_fastdetect
 
+    def calibrated_model():
+        return detecting_model(name, background=args.background, calibrated=True)
+
     rows = []
+    data = write_val_dataset(folder / name, calibrated_model(), args.images, args.imgsz, args.device, args.seed)
     for precision in args.precisions:
-        # Labelled by the model it validates (a set per precision: the two scales detect differently).
-        labeller = detecting_model(name, logit_scale=logit_scale(precision), background=args.background)
-        data = write_val_dataset(folder / name / precision, labeller, args.images, args.imgsz, args.device,
-                                 args.seed)
-        model = detecting_model(name, logit_scale=logit_scale(precision), background=args.background)
+        model = calibrated_model()
         options = {"imgsz": args.imgsz, "batch": args.batch, "conf": args.conf, "device": args.device,
                    "quantize": 16 if precision == "fp16" else None, "plots": False, "verbose": False,
                    "project": str(folder / "runs"), "exist_ok": True}
