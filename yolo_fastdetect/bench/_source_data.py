@@ -12,15 +12,10 @@ import numpy as np
 
 from ._camera_clips import BT709
 from ._camera_clips import write_clip as write_h264
+from ._tiny_dataset import random_crop, read_assets
 
 SIZES = ((640, 480), (1280, 720), (1920, 1080), (3840, 2160))  # (width, height)
 QUALITIES = (75, 90, 95)
-
-
-def _assets() -> list[np.ndarray]:
-    from ultralytics.utils import ASSETS
-
-    return [cv2.imread(str(ASSETS / name)) for name in ("bus.jpg", "zidane.jpg")]
 
 
 def write_jpegs(folder: Path, count: int, sizes=SIZES, qualities=QUALITIES, seed: int = 0) -> list[Path]:
@@ -28,16 +23,10 @@ def write_jpegs(folder: Path, count: int, sizes=SIZES, qualities=QUALITIES, seed
     flipped at random), resized. Returns their paths in name order."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    assets = _assets()
+    assets = read_assets()
     paths = []
     for index in range(count):
-        image = assets[index % len(assets)]
-        height, width = image.shape[:2]
-        crop_h, crop_w = int(height * rng.uniform(0.5, 1.0)), int(width * rng.uniform(0.5, 1.0))
-        top, left = rng.integers(0, height - crop_h + 1), rng.integers(0, width - crop_w + 1)
-        crop = image[top : top + crop_h, left : left + crop_w]
-        if rng.random() < 0.5:
-            crop = crop[:, ::-1]
+        crop = random_crop(assets[index % len(assets)], rng, 0.5)
         size = sizes[index % len(sizes)]
         path = folder / f"img_{index:05d}_{size[0]}x{size[1]}.jpg"
         quality = qualities[index // len(sizes) % len(qualities)]
@@ -49,7 +38,7 @@ def write_jpegs(folder: Path, count: int, sizes=SIZES, qualities=QUALITIES, seed
 
 def _panning(frames: int, width: int, height: int) -> list[np.ndarray]:
     """``frames`` BGR frames panning across the two assets."""
-    strip = np.concatenate([cv2.resize(image, (width, height)) for image in _assets() * 2], axis=1)
+    strip = np.concatenate([cv2.resize(image, (width, height)) for image in read_assets() * 2], axis=1)
     shifts = (index * (strip.shape[1] - width) // max(1, frames - 1) for index in range(frames))
     return [np.ascontiguousarray(strip[:, shift : shift + width]) for shift in shifts]
 

@@ -3,9 +3,11 @@ model of the ``model.predict`` benchmarks, the environment line."""
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -173,6 +175,15 @@ def environment_line() -> str:
     threads = torch.get_num_threads()
     line = f"{datetime.date.today()} | {device} | torch {torch.__version__} | {threads} CPU threads"
     return f"{line} | commit {_commit()}"
+
+
+def append_records(path: Path, records: list[dict]) -> None:
+    """Append ``records`` to the JSON list in ``path`` (a ``benchmarks/records/`` file; made, with its folder, if
+    absent), and say so."""
+    existing = json.loads(path.read_text()) if path.exists() else []
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(existing + records, indent=1) + "\n")
+    print(f"records appended to {path}")
 
 
 def record_header(benchmark: str, table: str) -> dict:

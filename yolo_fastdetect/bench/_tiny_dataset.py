@@ -19,6 +19,23 @@ def asset_images() -> list[str]:
     return [str(ASSETS / "bus.jpg"), str(ASSETS / "zidane.jpg")]
 
 
+def read_assets() -> list:
+    """The wheel's images as BGR arrays (bus, then zidane)."""
+    import cv2
+
+    return [cv2.imread(path) for path in asset_images()]
+
+
+def random_crop(image, rng, least: float):
+    """A random crop of ``image`` (``least`` to all of each side, drawn by the numpy generator ``rng``), mirrored
+    half the time: a view, not a copy."""
+    height, width = image.shape[:2]
+    crop_h, crop_w = int(height * rng.uniform(least, 1.0)), int(width * rng.uniform(least, 1.0))
+    top, left = rng.integers(0, height - crop_h + 1), rng.integers(0, width - crop_w + 1)
+    crop = image[top : top + crop_h, left : left + crop_w]
+    return crop[:, ::-1] if rng.random() < 0.5 else crop
+
+
 def write_tiny_dataset(root: Path, num_classes: int) -> Path:
     """Four images (bus and zidane, twice each) with YOLO labels under ``root``, and the data yaml naming them.
 

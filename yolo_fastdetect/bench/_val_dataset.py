@@ -10,6 +10,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from ._tiny_dataset import random_crop, read_assets
+
 # Labels per image at most: a seeded model keeps hundreds of boxes at conf 0.25, and a few are enough to score.
 MAX_LABELS = 12
 LABEL_CONF = 0.25
@@ -17,27 +19,16 @@ LABEL_CONF = 0.25
 LONG_SIDE = (400, 1300)
 
 
-def _assets() -> list[np.ndarray]:
-    from ultralytics.utils import ASSETS
-
-    return [cv2.imread(str(ASSETS / name)) for name in ("bus.jpg", "zidane.jpg")]
-
-
 def write_images(folder: Path, count: int, seed: int = 0) -> list[Path]:
     """``count`` JPEGs (quality 90): each a random crop of an asset (45 to 100 % of each side), mirrored at random,
     resized so that its long side is in :data:`LONG_SIDE`. Returns their paths in name order."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    assets = _assets()
+    assets = read_assets()
     paths = []
     for index in range(count):
-        image = assets[index % len(assets)]
-        height, width = image.shape[:2]
-        crop_h, crop_w = int(height * rng.uniform(0.45, 1.0)), int(width * rng.uniform(0.45, 1.0))
-        top, left = rng.integers(0, height - crop_h + 1), rng.integers(0, width - crop_w + 1)
-        crop = image[top : top + crop_h, left : left + crop_w]
-        if rng.random() < 0.5:
-            crop = crop[:, ::-1]
+        crop = random_crop(assets[index % len(assets)], rng, 0.45)
+        crop_h, crop_w = crop.shape[:2]
         scale = rng.integers(*LONG_SIDE) / max(crop_h, crop_w)
         size = max(1, round(crop_w * scale)), max(1, round(crop_h * scale))
         path = folder / f"val_{index:05d}.jpg"

@@ -27,7 +27,6 @@ time limit (``2 + 0.05 * batch`` seconds), after which it drops the batch's rema
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -37,7 +36,7 @@ from unittest import mock
 
 import torch
 
-from ._timing import detecting_model, environment_line, record_header
+from ._timing import append_records, detecting_model, environment_line, record_header
 from ._val_dataset import write_val_dataset
 
 STAGES = ("preprocess", "inference", "postprocess")
@@ -199,10 +198,7 @@ def main(argv: list[str] | None = None) -> None:
           "(wall: the whole model.val call; stages: Ultralytics' metrics.speed; rest: wall less the stages)\n")
     print(markdown_table(rows))
     if args.json:
-        existing = json.loads(args.json.read_text()) if args.json.exists() else []
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(existing + records(rows, args.device), indent=1) + "\n")
-        print(f"\nrecords appended to {args.json}")
+        append_records(args.json, records(rows, args.device))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import shutil
 import statistics
@@ -47,7 +46,7 @@ import torch
 
 from . import _cv2_decode
 from ._camera_clips import camera_size, write_camera_clip
-from ._timing import detecting_model, environment_line, record_header
+from ._timing import append_records, detecting_model, environment_line, record_header
 from .sources import decoded, nvdec_frames, predict_pass, same_detections
 
 SCENARIOS = ("one_stream", "many_streams", "live_latency")
@@ -292,10 +291,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"bench video: {environment_line()} | {os.cpu_count()} CPUs | model {args.model}", flush=True)
     rows = run(args)
     if args.json:
-        existing = json.loads(args.json.read_text()) if args.json.exists() else []
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(existing + records(rows, args.device), indent=1) + "\n")
-        print(f"records appended to {args.json}")
+        append_records(args.json, records(rows, args.device))
 
 
 if __name__ == "__main__":
