@@ -57,12 +57,6 @@ def steady_share(records: list[dict]) -> str:
     return f"{number(steady)} img/s ({steady / predict:.0%} of our `model.predict`)"
 
 
-def decoder_rates(records: list[dict]) -> str:
-    """Our rate with each decoder the video record measured: CPU decode, then NVDEC where it ran."""
-    rates = [r["figures"][key] for r in records for key in ("ours_cpu_fps", "ours_nvdec_fps") if key in r["figures"]]
-    return " / ".join(number(rate) for rate in rates) + " FPS"
-
-
 MS = figures("stock_ms", "ms"), figures("ours_ms", "ms")
 MS_PER_IMAGE = figures("stock_ms_per_image", "ms"), figures("ours_ms_per_image", "ms")
 IMAGES_PER_S = figures("stock_img_s", "img/s"), figures("ours_img_s", "img/s")
@@ -110,18 +104,6 @@ ROWS = [
             record("sources", "gpu", source="folder", batch=64, setting="-"),
         ),
         *IMAGES_PER_S,
-    ),
-    Row(
-        "`model.predict(720p H.264 video, stream=True)`, batch 8: ours with CPU decode / NVDEC",
-        (record("video", "gpu", scenario="one_stream", streams=1, size="720p", frames=300, batch=8),),
-        figures("stock_fps", "FPS"),
-        decoder_rates,
-    ),
-    Row(
-        "`model.predict(list of 8 1080p H.264 videos)`, batch 8: ours with CPU decode / NVDEC",
-        (record("video", "gpu", scenario="many_streams", streams=8, size="1080p", frames=150, batch=8),),
-        figures("stock_fps", "FPS"),
-        decoder_rates,
     ),
     Row(
         "12288 720p JPEGs on Ray Data, one GPU actor, batch 64 (steady rate)",
