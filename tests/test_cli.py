@@ -92,6 +92,17 @@ def test_export_runs_stock_and_says_so(tmp_path):
     assert (tmp_path / "yolo12n.torchscript").is_file()
 
 
+def test_output_into_a_reader_that_left_ends_quietly():
+    """``yolo-fastdetect info | head -1``: the reader closes the pipe before the command writes; no traceback."""
+    reader, writer = os.pipe()
+    os.close(reader)
+    with os.fdopen(writer, "w") as closed_pipe:
+        result = subprocess.run([sys.executable, "-m", "yolo_fastdetect", "info"], stdout=closed_pipe,
+                                stderr=subprocess.PIPE, text=True, timeout=600)
+    assert result.returncode == 141, result.stderr
+    assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr, result.stderr
+
+
 def test_usage_and_unknown_benchmark(capsys):
     cli.main([])
     assert "yolo-fastdetect MODE [key=value ...]" in capsys.readouterr().out

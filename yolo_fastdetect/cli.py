@@ -43,8 +43,18 @@ HELP_FLAGS = ("-h", "--help")
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of ``yolo-fastdetect`` and ``python -m yolo_fastdetect``."""
-    argv = sys.argv[1:] if argv is None else list(argv)
+    """Entry point of ``yolo-fastdetect`` and ``python -m yolo_fastdetect``. Output piped into a reader that stops
+    early (``| head``) ends the command quietly, as a shell tool does, not with a traceback."""
+    try:
+        _dispatch(sys.argv[1:] if argv is None else list(argv))
+        sys.stdout.flush()  # here, so that a closed pipe is met inside the try, not at interpreter exit
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left for the exit's own flush
+        raise SystemExit(141) from None  # 128 + SIGPIPE, a shell's status for a command whose reader left
+
+
+def _dispatch(argv: list[str]) -> None:
+    """Run the command ``argv`` names (see :data:`USAGE`)."""
     command = argv[0] if argv else "--help"
     if command in HELP_FLAGS:
         print(USAGE)
