@@ -43,6 +43,9 @@ STAGES = ("preprocess", "inference", "postprocess")
 # ``--loader-ab``'s third side: the package on, but the validation set read by stock's DataLoader.
 STOCK_LOADER = "ours_stock_loader"
 METRICS = ("P", "R", "mAP50", "mAP50-95")
+# How the records' model was prepared, under RESULTS' validation table (earlier records' models were prepared
+# otherwise, and say so there).
+MODEL_NOTE = "batch norms calibrated on the wheel's images, class logits unscaled"
 def printed(values) -> list[str]:
     """``values`` as Ultralytics' validator prints its metrics (``%11.3g``, without the padding).
 
@@ -160,7 +163,7 @@ def records(rows: list[dict], device: str) -> list[dict]:
         if STOCK_LOADER in row:
             figures[f"{STOCK_LOADER}_ms_per_image"] = round(row[STOCK_LOADER]["ms_per_image"], 3)
         config = {key: row[key] for key in ("model", "images", "batch", "imgsz", "precision")}
-        made.append({**header, "config": config, "figures": figures})
+        made.append({**header, "config": config, "figures": figures, "note": MODEL_NOTE})
     return made
 
 
