@@ -27,7 +27,7 @@ from test_sources import model  # noqa: F401 - a fixture: test_sources' seeded m
 from test_sources_upload import taken  # noqa: F401 - a fixture: what each batch's take_uploads returned
 from video_corpus import write_broken, write_h264, write_opencv
 from yolo_fastdetect.sources import FileLoader, PathListLoader, VideoListLoader, file_loader
-from yolo_fastdetect.sources import files as files_module
+from yolo_fastdetect.sources import upload as upload_module
 from yolo_fastdetect.sources import video_list as video_list_module
 
 IMGSZ = 160
@@ -228,18 +228,18 @@ def test_uploads_hold_every_frame_in_flight_until_taken(clips, monkeypatch, batc
     assert not uploads.held
 
 
-def test_a_folders_last_batch_keeps_its_uploads(clips, tmp_path, monkeypatch):
-    """FileLoader's end (stock's prefetch thread asking past the last batch) leaves that batch's uploads to it."""
-    made = []
-    monkeypatch.setattr(files_module, "loader_uploads", lambda device, *args: made.append(CountingUploads(device, 0))
-                        or made[-1])
-    folder = tmp_path / "videos"
-    folder.mkdir()
-    for clip in clips:
-        (folder / clip.name).write_bytes(clip.read_bytes())
-    loader = FileLoader(str(folder), batch=1, upload_to=torch.device("cpu"))
-    assert within(TIMEOUT_S, lambda: consume_as_stock_on_a_gpu(loader, made[0])) == 12 + 10 + 8
-    assert made[0].missing == 0
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_folders_uploads_hold_every_frame_in_flight_until_taken(clips, tmp_path, monkeypatch, batch):
+    """A folder of videos decoding three at once: the uploads' capacity covers each open reader's batch ahead and the
+    frame it waits to hand over, the prefetched batch and the predictor's; FileLoader's end (stock's prefetch thread
+    asking past the last batch) leaves the last batch's uploads to it."""
+    monkeypatch.setattr(upload_module, "Uploads", CountingUploads)
+    folder = folder_of({clip.name: clip for clip in clips}, tmp_path / "videos")
+    loader = FileLoader(str(folder), batch=batch, threads=3, upload_to=torch.device("cpu"))
+    uploads = loader.uploads
+    assert within(TIMEOUT_S, lambda: consume_as_stock_on_a_gpu(loader, uploads)) == 12 + 10 + 8
+    assert uploads.most <= uploads.capacity and uploads.missing == 0
+    loader.close()
 
 
 def test_first_results_come_before_the_last_video_opens(model, clips, monkeypatch):
@@ -383,3 +383,63 @@ def test_saved_videos_match_stock_per_video(model, clips, tmp_path):
 
     stock = saved(tmp_path / "stock")
     assert saved(tmp_path / "ours") == stock and len(stock) == 4 and stock["fast.avi"][1] == 25
+
+
+def folder_of(videos: dict[str, Path], folder: Path) -> Path:
+    """``folder`` holding a copy of each video under its key (names sort as the keys do)."""
+    folder.mkdir()
+    for name, video in videos.items():
+        (folder / name).write_bytes(video.read_bytes())
+    return folder
+
+
+def batches_until_end(loader, readers_seen: list[int]) -> tuple[list, BaseException | None]:
+    """Each batch as (paths, images, info) until the loader ends or raises, and what it raised; ``readers_seen``
+    gets the video reader threads alive at each batch."""
+    batches, error = [], None
+    try:
+        for paths, images, info in loader:
+            batches.append((list(paths), [image.copy() for image in images], list(info)))
+            readers_seen.append(sum(t.name == "yolo_fastdetect_video" for t in threading.enumerate()))
+    except FileNotFoundError as raised:
+        error = raised
+    return batches, error
+
+
+def assert_same_batches(ours: list, stock: list) -> None:
+    assert [b[0] for b in ours] == [b[0] for b in stock] and [b[2] for b in ours] == [b[2] for b in stock]
+    for (paths, images, _), (_, stock_images, _) in zip(ours, stock):
+        assert all(np.array_equal(a, b) for a, b in zip(images, stock_images, strict=True)), paths
+
+
+@pytest.mark.parametrize(("batch", "vid_stride"), [(1, 1), (3, 2), (16, 1)])
+def test_a_folder_of_videos_is_stocks_with_the_next_videos_decoding_ahead(clips, tmp_path, batch, vid_stride):
+    """A folder of five videos, three decoder threads: stock's batches, frames and info strings, in stock's order
+    (each video whole, the next one's frames never in its batch), while up to three videos decode at once."""
+    names = ("1.mp4", "2.mp4", "3.avi", "4.mp4", "5.avi")
+    folder = folder_of(dict(zip(names, (clips[0], clips[1], clips[2], clips[1], clips[2]))), tmp_path / "videos")
+    stock = list(LoadImagesAndVideos(str(folder), batch=batch, vid_stride=vid_stride))
+    readers: list[int] = []
+    loader = FileLoader(str(folder), batch=batch, vid_stride=vid_stride, threads=3)
+    ours, error = within(TIMEOUT_S, lambda: batches_until_end(loader, readers))
+    assert error is None
+    assert_same_batches(ours, [(list(p), list(i), list(s)) for p, i, s in stock])
+    assert loader.open_videos == 3 and 1 < max(readers) <= 3
+
+
+@pytest.mark.parametrize("kind", ["cut", "garbage_appended", "empty", "no_frames", "not_video"])
+def test_a_bad_video_in_a_folder_ends_as_in_stock(clips, tmp_path, kind):
+    """The bad file between two good ones, the next ones decoding ahead: stock's frames up to it, and its error
+    where stock raises one (before the frames of the videos after it), or its frames and the rest."""
+    bad = write_broken(tmp_path / "broken")[kind]
+    folder = folder_of({"1.mp4": clips[0], f"2.{bad.suffix[1:]}": bad, "3.avi": clips[2]}, tmp_path / "videos")
+    stock_batches: list = []
+    stock_error = None
+    try:
+        for paths, images, info in LoadImagesAndVideos(str(folder), batch=2):
+            stock_batches.append((list(paths), [image.copy() for image in images], list(info)))
+    except FileNotFoundError as raised:
+        stock_error = raised
+    ours, error = within(TIMEOUT_S, lambda: batches_until_end(FileLoader(str(folder), batch=2, threads=3), []))
+    assert_same_batches(ours, stock_batches)
+    assert str(error) == str(stock_error)

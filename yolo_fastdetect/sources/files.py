@@ -4,8 +4,9 @@ read-ahead decoding.
 Stock ``LoadImagesAndVideos`` decodes a batch of images only when the predictor asks for it (one at a time below
 batch 8, else in a ``ThreadPool`` of at most 8 threads made for that batch) and reads video frames on the
 predictor's thread. :class:`FileLoader` keeps its ``__init__`` (the same files, order, and errors for a missing
-path), and decodes ahead: images with Ultralytics' own ``imread`` on a pool of threads, videos on a background
-thread (:mod:`.video`; with NVDEC where ``gpu_video`` allows and that gives cv2's frames, :mod:`.nvdec`). Its
+path), and decodes ahead: images with Ultralytics' own ``imread`` on a pool of threads, videos on background
+threads, one per video, several consecutive videos of a folder at once, each a batch ahead (:mod:`.video`; with
+NVDEC where ``gpu_video`` allows and that gives cv2's frames, :mod:`.nvdec`). Its
 batches are stock's: the next ``batch`` images that decode (an unreadable one is skipped
 with stock's "Image Read Error" warning), images before videos, a batch never spanning two videos, and the same
 ``info`` strings, ``mode``, ``frame``, ``frames``, ``fps`` and ``count`` as each batch is returned.
@@ -27,7 +28,7 @@ from .batch import ImageBatch
 from .gpu_jpeg import EncodedJpeg, decode_on_gpu, read_for_gpu
 from .prefetch import OrderedPrefetch, read_ahead_window
 from .upload import Upload, Uploads, loader_uploads
-from .video import VIDEO_END, VideoReader, VideoStart
+from .video import VIDEO_END, VideoReader, VideosInOrder, VideoStart
 
 # Ultralytics decodes these suffixes (HEIC, AVIF, ...) through lazily registered PIL plugins, which it keeps serial
 # because their registration is not thread-safe; one lock keeps them serial here too.
@@ -91,10 +92,13 @@ class FileLoader(LoadImagesAndVideos):
             self.cap = None
         self.source_type = SourceTypes()  # what load_inference_source gives a file source: no stream, no arrays
         self.threads, self.read_ahead, self.lower_priority = threads, read_ahead, lower_priority
-        self.uploads = loader_uploads(upload_to or gpu_jpeg or gpu_video, batch, threads, read_ahead)
+        videos = self.nf - self.ni
+        # Several videos decode at once (one thread each, a batch ahead), as many as decoder threads, at least two.
+        self.open_videos = min(max(2, threads), videos) if videos > 1 else 1
+        self.uploads = loader_uploads(upload_to or gpu_jpeg or gpu_video, batch, threads, read_ahead, self.open_videos)
         self._upload_ahead, self._gpu_jpeg, self._gpu_video = upload_to is not None, gpu_jpeg is not None, gpu_video
         self._images: OrderedPrefetch | None = None
-        self._videos: VideoReader | None = None
+        self._videos: VideoReader | VideosInOrder | None = None
         self._in_video = False
 
     def __iter__(self) -> FileLoader:
@@ -107,9 +111,14 @@ class FileLoader(LoadImagesAndVideos):
             self._images = OrderedPrefetch(decode, self.files[: self.ni], self.threads, window, self.lower_priority)
         if self.nf > self.ni:
             gray = self.cv2_flag == cv2.IMREAD_GRAYSCALE
-            self._videos = VideoReader(self.files[self.ni :], self.vid_stride, gray, self.read_ahead * self.bs,
-                                       on_frame=self.uploads.put if self._upload_ahead else None,
-                                       gpu_frames=self.uploads if self._gpu_video is not None else None)
+            uploading = {"on_frame": self.uploads.put if self._upload_ahead else None,
+                         "gpu_frames": self.uploads if self._gpu_video is not None else None}
+            if self.open_videos > 1:
+                self._videos = VideosInOrder(self.files[self.ni :], self.vid_stride, gray, self.bs, self.open_videos,
+                                             **uploading)
+            else:
+                self._videos = VideoReader(self.files[self.ni :], self.vid_stride, gray, self.read_ahead * self.bs,
+                                           **uploading)
         return self
 
     def __next__(self) -> tuple[list[str], ImageBatch, list[str]]:

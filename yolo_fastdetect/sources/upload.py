@@ -144,10 +144,13 @@ class Uploads:
         return len(self._held)
 
 
-def loader_uploads(upload_to: torch.device | None, batch: int, threads: int, read_ahead: int) -> Uploads | None:
+def loader_uploads(upload_to: torch.device | None, batch: int, threads: int, read_ahead: int,
+                   open_videos: int = 1) -> Uploads | None:
     """The :class:`Uploads` of a loader that decodes ``read_ahead`` batches (at least one image per thread) ahead,
-    or None without a device: room for the read-ahead, the frame a video reader holds while it waits for room in its
-    queue, the batch in stock's prefetch and the predictor's."""
+    or None without a device: room for the read-ahead and the frame a video reader holds while it waits for room in
+    its queue (with ``open_videos`` > 1, a batch and that frame per open video), the batch in stock's prefetch and the
+    predictor's."""
     if upload_to is None:
         return None
-    return Uploads(upload_to, capacity=read_ahead_window(batch, threads, read_ahead) + 1 + 2 * batch)
+    ahead = max(read_ahead_window(batch, threads, read_ahead) + 1, open_videos * (batch + 1))
+    return Uploads(upload_to, capacity=ahead + 2 * batch)

@@ -14,6 +14,8 @@ not apply one log line says why and cv2 reads it; where NVDEC fails mid-video cv
 
 from __future__ import annotations
 
+import collections
+import functools
 import queue
 import threading
 import weakref
@@ -194,3 +196,48 @@ class VideoReader:
     def close(self) -> None:
         """Stop the reader, join its thread, release its capture (idempotent)."""
         self._finalizer()
+
+
+class VideosInOrder:
+    """What ``VideoReader(paths, ...)`` gives, item for item and in the same order, from up to ``open_videos``
+    consecutive videos decoding at once, one :class:`VideoReader` each: while one video is handed out, the next ones
+    decode on other cores. A video's reader starts when an earlier one is done, and its error (a video that does not
+    open) is raised when the consumer reaches that video, as one reader raises it, and stops the readers ahead.
+
+    Examples:
+        >>> videos = VideosInOrder(["a.mp4", "b.mp4", "c.mp4"], vid_stride=1, gray=False, capacity=8, open_videos=2)
+        >>> start = videos.get()  # a's VideoStart, then its frames; b decodes meanwhile
+    """
+
+    def __init__(self, paths: Sequence[str], vid_stride: int, gray: bool, capacity: int, open_videos: int,
+                 on_frame: Callable[[np.ndarray], Upload | None] | None = None, gpu_frames: Uploads | None = None):
+        self._waiting = collections.deque(paths)
+        self._open: collections.deque[VideoReader] = collections.deque()
+        self._reader = functools.partial(VideoReader, vid_stride=vid_stride, gray=gray, capacity=capacity,
+                                         on_frame=on_frame, gpu_frames=gpu_frames)
+        self._open_videos = max(1, open_videos)
+        self._open_more()
+
+    def _open_more(self) -> None:
+        while self._waiting and len(self._open) < self._open_videos:
+            self._open.append(self._reader([self._waiting.popleft()]))
+
+    def get(self) -> VideoStart | VideoFrame | str:
+        """The next item of the video being handed out; raises its reader's error."""
+        if not self._open:
+            raise RuntimeError("yolo_fastdetect: the video reader stopped before the end of the videos")
+        try:
+            item = self._open[0].get()
+        except BaseException:
+            self.close()  # the consumer stops here, as at one reader's error: the readers ahead stop too
+            raise
+        if item is VIDEO_END or (isinstance(item, VideoFrame) and item.last):  # that video is done
+            self._open.popleft().close()
+            self._open_more()
+        return item
+
+    def close(self) -> None:
+        """Stop every reader, join their threads, release their captures (idempotent)."""
+        self._waiting.clear()
+        while self._open:
+            self._open.popleft().close()
