@@ -26,9 +26,10 @@ import yolo_fastdetect
 from test_sources import model  # noqa: F401 - a fixture: test_sources' seeded model, scores without ties
 from test_sources_upload import taken  # noqa: F401 - a fixture: what each batch's take_uploads returned
 from video_corpus import write_broken, write_h264, write_opencv
-from yolo_fastdetect.sources import FileLoader, PathListLoader, VideoListLoader, file_loader
+from yolo_fastdetect.sources import FileLoader, PathListLoader, VideoListLoader, decode_threads, file_loader
 from yolo_fastdetect.sources import upload as upload_module
 from yolo_fastdetect.sources import video_list as video_list_module
+from yolo_fastdetect.sources.video import videos_open_at_once
 
 IMGSZ = 160
 TIMEOUT_S = 120  # a run that takes longer has hung
@@ -443,3 +444,14 @@ def test_a_bad_video_in_a_folder_ends_as_in_stock(clips, tmp_path, kind):
     ours, error = within(TIMEOUT_S, lambda: batches_until_end(FileLoader(str(folder), batch=2, threads=3), []))
     assert_same_batches(ours, stock_batches)
     assert str(error) == str(stock_error)
+
+
+def test_videos_open_at_once_keep_the_frames_ahead_bounded(clips, tmp_path):
+    """One video per decoder thread, at least two, never more than 64 frames ahead (a batch and one per reader)."""
+    assert [videos_open_at_once(15, batch) for batch in (1, 8, 15, 31, 64)] == [15, 7, 4, 2, 2]
+    assert videos_open_at_once(1, 1) == 2
+    folder = folder_of({f"{index}.mp4": clips[0] for index in range(5)}, tmp_path / "videos")
+    assert FileLoader(str(folder), batch=32, threads=15).open_videos == 2
+    assert FileLoader(str(folder), batch=4, threads=15).open_videos == 5  # no more than the folder's videos
+    assert FileLoader(str(clips[0]), batch=4, threads=15).open_videos == 1
+    assert file_loader([str(clips[0])] * 20, batch=8).open_videos == videos_open_at_once(decode_threads(), 8)

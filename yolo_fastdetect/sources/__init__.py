@@ -45,7 +45,7 @@ from .files import FileLoader
 from .path_list import PathListLoader
 from .prefetch import OrderedPrefetch
 from .upload import Uploads
-from .video import VideoReader
+from .video import VideoReader, videos_open_at_once
 from .video_list import VideoListLoader, is_video_list
 
 __all__ = ["FileLoader", "ImageBatch", "OrderedPrefetch", "PathListLoader", "Uploads", "VideoListLoader",
@@ -150,9 +150,8 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3, 
         gpu_jpeg = device if config.get(GPU_JPEG_VARIABLE) else None
         return FileLoader(source, vid_stride=vid_stride, gpu_jpeg=gpu_jpeg, gpu_video=gpu_video, **options)
     if video_list:
-        # As many videos decode at once as there are decoder threads (at least two, so that one decodes while
-        # another's batch is handed out): each reader is one thread, a batch ahead.
-        return VideoListLoader(streams or source, batch, vid_stride, channels, open_videos=max(2, options["threads"]),
+        open_videos = videos_open_at_once(options["threads"], batch)  # each reader one thread, a batch ahead
+        return VideoListLoader(streams or source, batch, vid_stride, channels, open_videos=open_videos,
                                upload_to=options["upload_to"], gpu_video=gpu_video, interleave=not tracking)
     if path_list:
         return PathListLoader(source, opencv_jpeg=config.get(LIST_OPENCV_VARIABLE), **options)

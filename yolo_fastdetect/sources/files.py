@@ -28,7 +28,7 @@ from .batch import ImageBatch
 from .gpu_jpeg import EncodedJpeg, decode_on_gpu, read_for_gpu
 from .prefetch import OrderedPrefetch, read_ahead_window
 from .upload import Upload, Uploads, loader_uploads
-from .video import VIDEO_END, VideoReader, VideosInOrder, VideoStart
+from .video import VIDEO_END, VideoReader, VideosInOrder, VideoStart, videos_open_at_once
 
 # Ultralytics decodes these suffixes (HEIC, AVIF, ...) through lazily registered PIL plugins, which it keeps serial
 # because their registration is not thread-safe; one lock keeps them serial here too.
@@ -67,7 +67,8 @@ class FileLoader(LoadImagesAndVideos):
         batch (int): Batch size.
         vid_stride (int): Video frame-rate stride.
         channels (int): Image channels of the model (1 grayscale, 3 BGR).
-        threads (int): Image decoder threads.
+        threads (int): Image decoder threads; several videos decode at once, as many (at least two, see
+            :func:`.video.videos_open_at_once`).
         read_ahead (int): Batches decoded ahead of the consumer.
         upload_to (torch.device | None): A CUDA device to upload the decoded images to from the decoder threads
             (:mod:`.upload`; each batch carries its images' copies, :class:`.batch.ImageBatch`), or None.
@@ -93,8 +94,7 @@ class FileLoader(LoadImagesAndVideos):
         self.source_type = SourceTypes()  # what load_inference_source gives a file source: no stream, no arrays
         self.threads, self.read_ahead, self.lower_priority = threads, read_ahead, lower_priority
         videos = self.nf - self.ni
-        # Several videos decode at once (one thread each, a batch ahead), as many as decoder threads, at least two.
-        self.open_videos = min(max(2, threads), videos) if videos > 1 else 1
+        self.open_videos = min(videos_open_at_once(threads, batch), videos) if videos > 1 else 1
         self.uploads = loader_uploads(upload_to or gpu_jpeg or gpu_video, batch, threads, read_ahead, self.open_videos)
         self._upload_ahead, self._gpu_jpeg, self._gpu_video = upload_to is not None, gpu_jpeg is not None, gpu_video
         self._images: OrderedPrefetch | None = None

@@ -197,6 +197,21 @@ class VideoReader:
         """Stop the reader, join its thread, release its capture (idempotent)."""
         self._finalizer()
 
+# Frames decoded ahead by the readers of videos open at once, at most (each holds a batch and the frame it waits to
+# hand over): 64 frames are 0.4 GB at 1080p and 1.6 GB at 4K, and bound host memory however large the batch.
+VIDEO_FRAMES_AHEAD_MAX = 64
+
+
+def videos_open_at_once(threads: int, batch: int) -> int:
+    """Videos a loader of several videos decodes at once: one per decoder thread, at least two (one decodes while
+    another's batch is handed out), no more than keeps :data:`VIDEO_FRAMES_AHEAD_MAX` frames ahead.
+
+    Examples:
+        >>> videos_open_at_once(threads=15, batch=8), videos_open_at_once(threads=15, batch=64)
+        (7, 2)
+    """
+    return max(2, min(threads, VIDEO_FRAMES_AHEAD_MAX // (batch + 1)))
+
 
 class VideosInOrder:
     """What ``VideoReader(paths, ...)`` gives, item for item and in the same order, from up to ``open_videos``
