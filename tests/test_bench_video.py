@@ -37,14 +37,15 @@ def test_cpu_smoke_run_and_records(tmp_path):
     video.main([*SMOKE, "--json", str(records)])
     made = json.loads(records.read_text())
     assert [record["config"]["scenario"] for record in made] == list(video.SCENARIOS)
-    one, many, live = made
+    one, many, folder, live = made
     for record in made:
         assert record["benchmark"] == "video" and record["table"] == "cpu" and record["gpu"] is None
         for key in ("date", "commit", "torch", "config", "figures"):
             assert record.get(key), key
     assert one["config"] == {"scenario": "one_stream", "streams": 1, "size": "160x96", "frames": 6, "batch": 2}
     assert many["config"]["streams"] == 2 and live["config"]["batch"] == 1
-    for record in (one, many):
+    assert folder["config"] == {**many["config"], "scenario": "folder"}
+    for record in (one, many, folder):
         figures = record["figures"]
         assert figures["stock_fps"] > 0 and figures["ours_cpu_fps"] > 0
         assert figures["same_detections_cpu"] is True  # ours decodes on the CPU with stock's frames

@@ -17,6 +17,9 @@ once untimed first, then the median of ``--repeats`` passes is reported. Scenari
   after the other), total frames per second; ceilings: the clips decoded at once by cv2 on one thread each, by cv2 in
   one process each (started together after their imports: the many-core ceiling of the CPU path), and by NVDEC on one
   thread each. Ours / ceiling: CPU decoding against the processes, NVDEC against its threads.
+- ``folder``: the same clips as a folder, ``model.predict(folder, batch=--batch, stream=True)``: stock reads a
+  folder's videos one after another on the predictor's thread, ours decodes several at once and hands them out in
+  stock's order; ceilings as ``many_streams``.
 - ``live_latency``: batch 1, a ``--live-fps`` source (a camera): the first ``--live-frames`` frames of the
   one-stream clip, decoded beforehand, released at t0 + i / fps each and predicted one ``model.predict(frame)`` call
   at a time as they come; per-frame latency from release to the boxes on the host, median and p95 (ms).
@@ -49,7 +52,7 @@ from ._camera_clips import camera_size, write_camera_clip
 from ._timing import append_records, detecting_model, environment_line, record_header
 from .sources import decoded, nvdec_frames, predict_pass, same_detections
 
-SCENARIOS = ("one_stream", "many_streams", "live_latency")
+SCENARIOS = ("one_stream", "many_streams", "folder", "live_latency")
 
 
 def median_rate(rate: Callable[[], float], repeats: int) -> float:
@@ -153,10 +156,11 @@ def one_stream(model, path: str, args, options: dict) -> dict:
     return {"figures": figures, "note": f"NVDEC not run: {reason}" if reason else None}
 
 
-def many_streams(model, paths: list[str], args, options: dict) -> dict:
-    """The ``many_streams`` scenario's figures."""
+def many_streams(model, source: list[str] | str, paths: list[str], args, options: dict) -> dict:
+    """The ``many_streams`` (``source`` the list of ``paths``) and ``folder`` (``source`` their folder) scenarios'
+    figures."""
     reason = nvdec_reason(paths[0], args.device)
-    figures = predicted_sides(model, paths, paths, args.batch, options, args.repeats, reason)
+    figures = predicted_sides(model, source, paths, args.batch, options, args.repeats, reason)
     figures["cv2_threads_decode_fps"] = median_rate(lambda: concurrent_rate(_cv2_decode.cv2_frames, paths),
                                                     args.repeats)
     figures["cv2_processes_decode_fps"] = median_rate(lambda: processes_rate(paths), args.repeats)
@@ -210,9 +214,11 @@ def write_clips(root: Path, args) -> dict[str, list[str]]:
     if {"one_stream", "live_latency"} & set(args.scenarios):
         frames = max(args.frames, args.live_frames)
         clips["one"] = [str(write_camera_clip(root / "one_stream.mp4", frames, args.one_stream_size))]
-    if "many_streams" in args.scenarios:
-        first = write_camera_clip(root / "stream_0.mp4", args.many_frames, args.many_streams_size)
-        clips["many"] = [str(first)] + [str(shutil.copyfile(first, root / f"stream_{index}.mp4"))
+    if {"many_streams", "folder"} & set(args.scenarios):
+        folder = root / "streams"  # the folder scenario's source: these clips alone
+        folder.mkdir(exist_ok=True)
+        first = write_camera_clip(folder / "stream_0.mp4", args.many_frames, args.many_streams_size)
+        clips["many"] = [str(first)] + [str(shutil.copyfile(first, folder / f"stream_{index}.mp4"))
                                         for index in range(1, args.streams)]
     return clips
 
@@ -231,8 +237,10 @@ def run(args) -> list[dict]:
             if scenario == "one_stream":
                 row = one_stream(model, clips["one"][0], args, options)
                 config = {"streams": 1, "size": args.one_stream_size, "frames": args.frames, "batch": args.batch}
-            elif scenario == "many_streams":
-                row = many_streams(model, clips["many"], args, options)
+            elif scenario in ("many_streams", "folder"):
+                paths = clips["many"]
+                source = paths if scenario == "many_streams" else str(Path(paths[0]).parent)
+                row = many_streams(model, source, paths, args, options)
                 config = {"streams": args.streams, "size": args.many_streams_size, "frames": args.many_frames,
                           "batch": args.batch}
             else:
