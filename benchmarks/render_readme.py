@@ -60,6 +60,7 @@ def steady_share(records: list[dict]) -> str:
 MS = figures("stock_ms", "ms"), figures("ours_ms", "ms")
 MS_PER_IMAGE = figures("stock_ms_per_image", "ms"), figures("ours_ms_per_image", "ms")
 IMAGES_PER_S = figures("stock_img_s", "img/s"), figures("ours_img_s", "img/s")
+FRAMES_PER_S = figures("stock_fps", "FPS"), figures("ours_cpu_fps", "FPS")
 
 ROWS = [
     Row(
@@ -104,6 +105,14 @@ ROWS = [
             record("sources", "gpu", source="folder", batch=64, setting="-"),
         ),
         *IMAGES_PER_S,
+    ),
+    Row(
+        "`model.predict(video)`, batch 8: one 720p H.264 stream / 8 streams of 1080p (total)",
+        (
+            record("video", "gpu", scenario="one_stream", streams=1, size="720p", frames=300, batch=8),
+            record("video", "gpu", scenario="many_streams", streams=8, size="1080p", frames=150, batch=8),
+        ),
+        *FRAMES_PER_S,
     ),
     Row(
         "12288 720p JPEGs on Ray Data, one GPU actor, batch 64 (steady rate)",
