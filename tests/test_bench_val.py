@@ -50,7 +50,7 @@ def test_cpu_smoke_run_and_records(tmp_path, capsys):
     records = tmp_path / "val.json"
     records.write_text(json.dumps([{"benchmark": "val", "kept": True}]))
     val.main(["--device", "cpu", "--models", "yolo11n.yaml", "--images", "8", "--batch", "4", "--imgsz", "256",
-              "--repeats", "1", "--warmup", "0", "--background", "-9", "--loader-ab", "--json", str(records)])
+              "--repeats", "1", "--warmup", "0", "--loader-ab", "--json", str(records)])
     assert "| yolo11n.yaml | fp32 |" in capsys.readouterr().out
     kept, record = json.loads(records.read_text())
     assert kept == {"benchmark": "val", "kept": True}  # appended, not overwritten

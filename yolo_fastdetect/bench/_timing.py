@@ -98,12 +98,13 @@ def detecting_model(
     seed: int = 0,
     background: float = -6.0,
     calibrated: bool = False,
+    raised_bias: float = 1.0,
 ):
     """The model ``config``, seeded with ``seed``; one built from a YAML gets class biases that make random weights
-    detect (in the one-to-one branch too, where there is one): 1 for the classes in ``raised`` (person and bus by
-    default; None: every class), ``background`` for the others (-6, like a trained model's background, which keeps
-    stock NMS fast at conf 0.25; at validation's conf 0.001 every class of every anchor is still a candidate, which
-    -9 stops).
+    detect (in the one-to-one branch too, where there is one): ``raised_bias`` (1) for the classes in ``raised``
+    (person and bus by default; None: every class), ``background`` for the others (-6, like a trained model's
+    background, which keeps stock NMS fast at conf 0.25; at validation's conf 0.001 every class of every anchor is
+    still a candidate, which -9 stops).
     Random weights give nearly the same class logit everywhere, so most scores tie; ``logit_scale`` (e.g. 1e7) scales
     the class convolutions' weights so that scores differ from box to box and stock and patched NMS keep the same
     boxes in the same order. The benchmarks' and the tests' model.
@@ -124,7 +125,7 @@ def detecting_model(
         # A one-to-one (NMS-free) branch gets the same biases: YOLO26 predicts through it by default before 8.4.142.
         for branch in [*head.cv3, *getattr(head, "one2one_cv3", [])]:
             bias = torch.full_like(branch[-1].bias, background)
-            bias[[c for c in raised if c < len(bias)] if raised is not None else slice(None)] = 1.0
+            bias[[c for c in raised if c < len(bias)] if raised is not None else slice(None)] = raised_bias
             branch[-1].bias.data.copy_(bias)
             branch[-1].weight.data.mul_(logit_scale)
         if calibrated:
