@@ -125,14 +125,6 @@ ROWS = [
         lambda records: "-",
         steady_share,
     ),
-    Row(
-        "`model.val` per image, yolov8s (YAML, seeded), 256 images, batch 32, fp32 / fp16",
-        (
-            record("val", "gpu", model="yolov8s.yaml", images=256, batch=32, imgsz=640, precision="fp32"),
-            record("val", "gpu", model="yolov8s.yaml", images=256, batch=32, imgsz=640, precision="fp16"),
-        ),
-        *MS_PER_IMAGE,
-    ),
 ]
 
 
