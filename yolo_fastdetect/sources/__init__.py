@@ -25,8 +25,9 @@ Settings (environment variables, read when a loader is made):
   default the decoder threads do, see :mod:`.upload`);
 - ``YOLO_FASTDETECT_GPU_JPEG=1`` (opt-in; not stock's pixels): a folder's, glob's or ``.txt``/``.csv`` list's baseline
   JPEGs decode on the GPU with nvJPEG (:mod:`.gpu_jpeg`); Python lists of paths keep the CPU;
-- ``YOLO_FASTDETECT_GPU_VIDEO=1`` (opt-in until checked on a GPU): H.264 and HEVC videos decode on the GPU with NVDEC
-  where that gives cv2's frames (:mod:`.nvdec`; needs the ``[video]`` extra).
+- ``YOLO_FASTDETECT_GPU_VIDEO=1`` (opt-in: slower than the CPU decode on the benchmark's clips, RESULTS' Video): H.264
+  and HEVC videos decode on the GPU with NVDEC where that gives cv2's frames (:mod:`.nvdec`; needs the ``[video]``
+  extra).
 """
 
 from __future__ import annotations
