@@ -66,4 +66,10 @@ TORCH_LIBRARY(yolo_fastdetect, m) {
   // ceil(W / 2)): uint8, any strides (an NVDEC surface's pitch, the halves of an NV12 plane). coefficients: swscale's
   // [y_offset, y_coeff, v2r, u2g, v2g, u2b] for the stream's matrix and range. Returns (H, W, 3) uint8, contiguous.
   m.def("yuv420_to_bgr(Tensor luma, Tensor chroma_u, Tensor chroma_v, int[] coefficients) -> Tensor");
+
+  // Validation's matching (CPU only), Ultralytics' greedy match_predictions: iou (M, N) float32 of labels x
+  // detections (zero across classes, detections by descending confidence), thresholds (T,) float32. For each
+  // threshold each detection in turn claims the unclaimed label of highest IoU (numpy's argmax: the first maximum,
+  // or the first NaN) and is correct where that IoU reaches the threshold. Returns correct (N, T) bool.
+  m.def("match_predictions(Tensor iou, Tensor thresholds) -> Tensor");
 }

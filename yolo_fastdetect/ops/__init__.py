@@ -2,6 +2,7 @@
 
 from .detect_decode import detect_decode, detect_decode_reference
 from .letterbox import LetterboxGeometry, letterbox, letterbox_geometry, scale_boxes_batch
+from .match_predictions import match_predictions
 from .multiscale_roi_align import MultiScaleRoIAlign, fpn_levels, multiscale_roi_align
 from .nms import BatchDetections, batched_nms, non_max_suppression, non_max_suppression_reference
 from .roi_align import RoIAlign, boxes_to_rois, roi_align, roi_align_reference
@@ -26,6 +27,7 @@ __all__ = [
     "i420_to_bgr",
     "letterbox",
     "letterbox_geometry",
+    "match_predictions",
     "multiscale_roi_align",
     "non_max_suppression",
     "non_max_suppression_reference",
