@@ -18,7 +18,8 @@ from ._patching import Patch, declined
 # The releases the version matrix (tests/test_versions.py) runs: the oldest and the newest.
 OLDEST_TESTED, NEWEST_TESTED = "8.3.0", "8.4.190"
 
-_NAMES = ("detect_head", "nms", "predictor", "sources", "results", "postprocess", "val_loader")
+_NAMES = ("detect_head", "nms", "predictor", "sources", "results", "postprocess", "val_loader", "val_metrics",
+          "val_matching")
 
 
 def _load(name: str) -> Patch:
