@@ -342,12 +342,10 @@ TABLES = {
         ],
     ),
     ("val", "gpu"): (
-        "`model.val` on a generated labelled set (crops of the wheel's images, labelled by the model's own stock "
-        "predictions at conf 0.25), conf 0.001, seeded YAML models with raised class biases (how each "
-        "was prepared: the notes under the table); stock against everything on, one process, each a whole "
-        "`model.val` call; wall ms per image, "
-        "stages from `metrics.speed`, rest = wall less the stages (data loading, set-up, metrics). Metrics as "
-        "Ultralytics prints them.",
+        "`model.val` on a generated labelled set (crops of the wheel's images, labelled by the model's stock "
+        "predictions at conf 0.25), conf 0.001, seeded YAML models (notes under the table); stock against "
+        "everything on, one process; wall ms per image of a whole `model.val` call, stages from `metrics.speed`, "
+        "rest = wall less the stages. Metrics as Ultralytics prints them.",
         VAL_COLUMNS,
     ),
     ("val", "cpu"): ("On a CPU (a smoke run: stock NMS at conf 0.001 is slow there):", VAL_COLUMNS),
