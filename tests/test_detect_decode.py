@@ -23,8 +23,10 @@ TOLERANCE_FLOAT32 = (2e-6, 1e-4)
 # float16/bfloat16 round as stock's decode (test_decode_half_rounding): a box may differ from another such decode
 # where a float sum or exp one ulp apart lands across a rounding boundary of the dtype; at most this fraction do,
 # by device. On CUDA, stock's bin sum is cuDNN's half convolution, whose order is its own: the H200 measured 1.4e-4
-# to 1.6e-4 of the boxes (RESULTS.md, Detect-head decode, "Half precision against stock"), the CPU 1.3e-5.
-RESIDUE = {"cpu": 1e-4, "cuda": 3e-4}
+# to 1.6e-4 of the boxes (RESULTS.md, Detect-head decode, "Half precision against stock"). On the CPU (SLEEF's exp in
+# stock's softmax, libm's in the operator) 1.3e-5 on one host, and up to 1.4e-4 on an AMD EPYC (AVX-512) host over
+# 30 seeds of test_decode_half_rounding, where 1e-4 failed one seed in four.
+RESIDUE = {"cpu": 3e-4, "cuda": 3e-4}
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
