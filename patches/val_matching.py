@@ -37,8 +37,12 @@ def match_predictions(self: BaseValidator, pred_classes: torch.Tensor, true_clas
     original = PATCH.original("match_predictions")
     if use_scipy or iou.dtype != torch.float32 or self.iouv.dtype != torch.float32 or not _ext.available():
         return original(self, pred_classes, true_classes, iou, use_scipy)
-    masked = iou * (true_classes[:, None] == pred_classes)  # zero out the wrong classes, as stock does
-    return match_greedily(masked.cpu(), self.iouv.cpu())
+    return match_greedily(class_masked(pred_classes, true_classes, iou).cpu(), self.iouv.cpu())
+
+
+def class_masked(pred_classes: torch.Tensor, true_classes: torch.Tensor, iou: torch.Tensor) -> torch.Tensor:
+    """``iou`` with the pairs of different classes zeroed, as stock masks it before matching."""
+    return iou * (true_classes[:, None] == pred_classes)
 
 
 def probe_cases(seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -60,8 +64,8 @@ def _plan() -> list[Replacement]:
             "BaseValidator.match_predictions is not (self, pred_classes, true_classes, iou, ...)")
     holder = SimpleNamespace(iouv=IOU_THRESHOLDS)
     for pred_classes, true_classes, iou in probe_cases():
-        masked = (iou * (true_classes[:, None] == pred_classes)).numpy()
-        expected = match_predictions_reference(masked, IOU_THRESHOLDS.numpy())
+        expected = match_predictions_reference(class_masked(pred_classes, true_classes, iou).numpy(),
+                                               IOU_THRESHOLDS.numpy())
         require(np.array_equal(stock(holder, pred_classes, true_classes, iou).numpy(), expected),
                 "BaseValidator.match_predictions does not match greedily in confidence order (before 8.4.1xx)")
     return [Replacement(BaseValidator, "match_predictions", match_predictions)]

@@ -3,8 +3,8 @@
 Stock's ``update_metrics`` works image by image on the device's tensors: selecting the image's labels, scaling them,
 their IoU with the detections, the class mask, and five copies to the host, each of them a few small kernel launches
 and a synchronisation, on the main thread between two forward passes (1.4 ms an image on the H100 host at conf 0.001,
-more than the forward and the NMS together: RESULTS, Validation). The patched method copies the batch's detections
-(one transfer) and its labels to the host first and runs stock's ``update_metrics`` on the copies, with the
+more than the forward and the NMS together: docs/design.md, Validation). The patched method copies the batch's
+detections (one transfer) and its labels to the host first and runs stock's ``update_metrics`` on the copies, with the
 validator's ``device`` the CPU for that call: the same code, the same float32 arithmetic (element-wise operations,
 which round alike on both devices), no synchronisation per image.
 

@@ -5,6 +5,8 @@ collect the same statistics, array for array."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -18,12 +20,12 @@ from yolo_fastdetect.patches import val_matching, val_metrics
 from yolo_fastdetect.patches._patching import Declined
 
 THRESHOLDS = val_matching.IOU_THRESHOLDS
+HOLDER = SimpleNamespace(iouv=THRESHOLDS)  # what a matching method reads of its validator
 
 
 def stock_matching(pred_classes: torch.Tensor, true_classes: torch.Tensor, iou: torch.Tensor) -> torch.Tensor:
-    """Stock's ``BaseValidator.match_predictions`` (greedy), called on a holder of its IoU thresholds."""
-    holder = type("Holder", (), {"iouv": THRESHOLDS})()
-    return val_matching.PATCH.original("match_predictions")(holder, pred_classes, true_classes, iou)
+    """Stock's ``BaseValidator.match_predictions`` (greedy), called on :data:`HOLDER`."""
+    return val_matching.PATCH.original("match_predictions")(HOLDER, pred_classes, true_classes, iou)
 
 
 def random_case(generator: torch.Generator, labels: int, detections: int, grid: bool):
@@ -61,7 +63,7 @@ def test_operator_is_stocks_matching(generator):
     for index, (labels, detections) in enumerate(shapes):
         pred_classes, true_classes, iou = random_case(generator, labels, detections, grid=index % 2 == 0)
         expected = stock_matching(pred_classes, true_classes, iou)
-        masked = iou * (true_classes[:, None] == pred_classes)
+        masked = val_matching.class_masked(pred_classes, true_classes, iou)
         assert expected.dtype == torch.bool and expected.shape == (detections, len(THRESHOLDS))
         assert torch.equal(match_predictions(masked, THRESHOLDS), expected), (labels, detections)
         assert np.array_equal(match_predictions_reference(masked.numpy(), THRESHOLDS.numpy()), expected.numpy())
@@ -104,7 +106,7 @@ def test_operator_names_a_gpu_argument():
 def sorted_by_iou_matching(self, pred_classes, true_classes, iou, use_scipy=False):
     """Ultralytics' matching before the greedy form: at each threshold, the pairs that reach it sorted by IoU, then
     one per detection and one per label."""
-    iou = (iou * (true_classes[:, None] == pred_classes)).numpy()
+    iou = val_matching.class_masked(pred_classes, true_classes, iou).numpy()
     correct = np.zeros((len(pred_classes), len(self.iouv)), dtype=bool)
     for column, threshold in enumerate(self.iouv.tolist()):
         matches = np.array(np.nonzero(iou >= threshold)).T
@@ -119,7 +121,7 @@ def sorted_by_iou_matching(self, pred_classes, true_classes, iou, use_scipy=Fals
 def test_matching_patch_declines_where_stock_matches_otherwise(monkeypatch):
     """The plan's probe tells the greedy walk from the older sorted matching, so releases with the older one keep
     theirs."""
-    assert any(not torch.equal(sorted_by_iou_matching(type("Holder", (), {"iouv": THRESHOLDS})(), *case),
+    assert any(not torch.equal(sorted_by_iou_matching(HOLDER, *case),
                                stock_matching(*case)) for case in val_matching.probe_cases())
     monkeypatch.setattr(BaseValidator, "match_predictions", sorted_by_iou_matching)
     with pytest.raises(Declined, match="greedily"):
