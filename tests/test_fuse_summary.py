@@ -12,9 +12,8 @@ import torch
 from torch.utils._pytree import tree_flatten
 from ultralytics.utils import LOGGER
 
-from yolo_fastdetect.patches import fuse_summary
-
 from conftest import detecting_model
+from yolo_fastdetect.patches import fuse_summary
 
 
 @pytest.fixture(autouse=True)
