@@ -50,7 +50,19 @@ METRICS = ("P", "R", "mAP50", "mAP50-95")
 # How the records' model was prepared, under RESULTS' validation table (earlier records' models were prepared
 # otherwise, and say so there).
 MODEL_NOTE = ("batch norms calibrated on the wheel's images; person and bus logits scaled {scale} with bias {raised}, "
-              "the other classes' bias {background}")
+              "the other classes' bias {background}; Ultralytics' logger {logging}")
+
+
+def logger_state() -> str:
+    """Whether Ultralytics' logger prints INFO lines: with it below INFO, ``fuse_summary`` leaves out the model
+    summary's GFLOPs (``patches/fuse_summary.py``), a part of each ``model.val`` call's set-up."""
+    import logging
+
+    from ultralytics.utils import LOGGER
+
+    return "at INFO" if LOGGER.isEnabledFor(logging.INFO) else "below INFO (YOLO_VERBOSE=False)"
+
+
 def printed(values) -> list[str]:
     """``values`` as Ultralytics' validator prints its metrics (``%11.3g``, without the padding).
 
@@ -170,7 +182,8 @@ def records(rows: list[dict], device: str) -> list[dict]:
         if STOCK_LOADER in row:
             figures[f"{STOCK_LOADER}_ms_per_image"] = round(row[STOCK_LOADER]["ms_per_image"], 3)
         config = {key: row[key] for key in ("model", "images", "batch", "imgsz", "precision")}
-        note = MODEL_NOTE.format(scale=row["logit_scale"], raised=row["raised_bias"], background=row["background"])
+        note = MODEL_NOTE.format(scale=row["logit_scale"], raised=row["raised_bias"], background=row["background"],
+                                logging=logger_state())
         made.append({**header, "config": config, "figures": figures, "note": note})
     return made
 
