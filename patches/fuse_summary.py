@@ -19,9 +19,14 @@ from ultralytics.utils import LOGGER
 from ._patching import Patch, Replacement, parameters, require
 
 
+def summary_is_printed() -> bool:
+    """Whether Ultralytics' logger prints INFO lines, the model summary among them."""
+    return LOGGER.isEnabledFor(logging.INFO)
+
+
 def fuse(self: BaseModel, verbose: bool = True, *args, **kwargs) -> BaseModel:
     """Stock's ``fuse``, with ``verbose`` off where Ultralytics' logger would not print its summary."""
-    return PATCH.original("fuse")(self, verbose and LOGGER.isEnabledFor(logging.INFO), *args, **kwargs)
+    return PATCH.original("fuse")(self, verbose and summary_is_printed(), *args, **kwargs)
 
 
 def _plan() -> list[Replacement]:

@@ -9,6 +9,7 @@ from unittest import mock
 
 import pytest
 import torch
+import ultralytics.utils.torch_utils as torch_utils
 from torch.utils._pytree import tree_flatten
 from ultralytics.utils import LOGGER
 
@@ -32,8 +33,6 @@ def fused(model, patched: bool):
     """A fused copy of ``model`` (an Ultralytics ``YOLO``'s network) by stock's or the patched ``fuse``, with the
     times ``get_flops`` (the summary's GFLOPs) ran."""
     (fuse_summary.apply if patched else fuse_summary.revert)()
-    import ultralytics.utils.torch_utils as torch_utils
-
     with mock.patch.object(torch_utils, "get_flops", wraps=torch_utils.get_flops) as flops:
         made = copy.deepcopy(model).fuse()
     return made, flops.call_count
@@ -70,4 +69,3 @@ def test_summary_is_logged_as_stock_logs_it():
         lines[patched] = ([call.args for call in info.call_args_list], flops)
     assert lines[True] == lines[False]
     assert lines[True][1] == 1 and any("GFLOPs" in str(args) for args in lines[True][0])
-

@@ -56,11 +56,9 @@ MODEL_NOTE = ("batch norms calibrated on the wheel's images; person and bus logi
 def logger_state() -> str:
     """Whether Ultralytics' logger prints INFO lines: with it below INFO, ``fuse_summary`` leaves out the model
     summary's GFLOPs (``patches/fuse_summary.py``), a part of each ``model.val`` call's set-up."""
-    import logging
+    from yolo_fastdetect.patches.fuse_summary import summary_is_printed
 
-    from ultralytics.utils import LOGGER
-
-    return "at INFO" if LOGGER.isEnabledFor(logging.INFO) else "below INFO (YOLO_VERBOSE=False)"
+    return "at INFO" if summary_is_printed() else "below INFO (YOLO_VERBOSE=False)"
 
 
 def printed(values) -> list[str]:
