@@ -141,8 +141,7 @@ class StandInDecoder:
     fail_after: int | None = None
     opened: list[str] = []
 
-    def __init__(self, path: str, device):
-        self.stream = None  # torch.cuda.stream(None) changes nothing
+    def __init__(self, path: str, device, decoders: int):
         self._frames = cv2_frames(Path(path))
         StandInDecoder.opened.append(path)
 
@@ -156,10 +155,7 @@ class StandInDecoder:
         for index, image in enumerate(self._frames):
             if index == self.fail_after:
                 raise RuntimeError("CUVID error: bitstream")
-            yield torch.from_numpy(image.copy())
-
-    def to_host(self, bgr: torch.Tensor) -> np.ndarray:
-        return bgr.numpy()
+            yield nvdec.NvdecFrame(torch.from_numpy(image.copy()), image, None)  # (stream None: no change)
 
 
 def read_all(reader: VideoReader) -> list:
@@ -207,6 +203,7 @@ def test_reader_with_nvdec_gives_stock_frames_counters_and_end(tmp_path, monkeyp
     assert StandInDecoder.opened == [path]
     given = 7 // vid_stride if fail_after is None else fail_after // vid_stride  # frames before the failure
     assert len(held) == given and all(np.array_equal(image, bgr.numpy()) for image, bgr in held)
+    assert all(image is bgr_image for (image, _), (bgr_image, _) in zip(held, ours[1:]))  # the frames' host copies
     failures = [line for line in lines if "NVDEC failed" in line]
     assert failures == ([] if fail_after is None else [
         f"yolo_fastdetect: NVDEC failed on {path} after {given} frames (CUVID error: bitstream); cv2 reads on"])
@@ -235,6 +232,18 @@ def nvdec_ready(monkeypatch):
     monkeypatch.setenv("YOLO_FASTDETECT_GPU_VIDEO", "1")
 
 
+def assert_frames_equal_cv2s(path: Path, decoders: int) -> None:
+    stock = cv2_frames(path)
+    with nvdec.NvdecVideo(str(path), torch.device("cuda", 0), decoders=decoders) as video:
+        ours = list(video)
+    assert len(ours) == len(stock), f"NVDEC gave {len(ours)} frames, cv2 {len(stock)}"
+    for index, (frame, image) in enumerate(zip(ours, stock)):
+        assert frame.bgr.is_cuda and frame.bgr.shape == image.shape and frame.bgr.dtype == torch.uint8, index
+        gap = np.abs(frame.image.astype(np.int16) - image)
+        assert not gap.any(), f"frame {index}: {np.count_nonzero(gap)} values differ, by {gap.max()} at most"
+        assert np.array_equal(frame.bgr.cpu().numpy(), frame.image)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize(("codec", "size", "full_range"), [
     ("h264", "1366x768", False), ("hevc", "1366x768", False), ("h264", "854x480", False), ("hevc", "320x180", False),
@@ -243,15 +252,18 @@ def nvdec_ready(monkeypatch):
 def test_frames_equal_cv2s(nvdec_ready, tmp_path, codec, size, full_range):
     path = write_camera_clip(tmp_path / f"clip_{codec}.mp4", 6, size, codec, full_range=full_range)
     assert nvdec.nvdec_unavailable_reason(str(path)) is None
-    stock = cv2_frames(path)
-    with nvdec.NvdecVideo(str(path), torch.device("cuda", 0)) as video:
-        ours = [(frame, video.to_host(frame)) for frame in video]
-    assert len(ours) == len(stock), f"NVDEC gave {len(ours)} frames, cv2 {len(stock)}"
-    for index, ((frame, host), image) in enumerate(zip(ours, stock)):
-        assert frame.is_cuda and frame.shape == image.shape and frame.dtype == torch.uint8, (index, frame.shape)
-        gap = np.abs(host.astype(np.int16) - image)
-        assert not gap.any(), f"frame {index}: {np.count_nonzero(gap)} values differ, by {gap.max()} at most"
-        assert np.array_equal(frame.cpu().numpy(), host)
+    assert_frames_equal_cv2s(path, decoders=1)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("decoders", [2, 3, 5])
+@pytest.mark.parametrize(("codec", "gop", "container"), [
+    ("h264", 4, "mp4"), ("hevc", 5, "mkv"), ("hevc", None, "mp4"),  # (x265's default: open GOPs, one segment)
+])
+def test_closed_gops_on_several_decoders_equal_cv2s(nvdec_ready, tmp_path, decoders, codec, gop, container):
+    """B-frames across GOPs of 4 or 5 frames, 23 frames: segments of every length, the last one short."""
+    path = write_camera_clip(tmp_path / f"clip_{codec}.{container}", 23, "320x180", codec, gop=gop)
+    assert_frames_equal_cv2s(path, decoders)
 
 
 @pytest.mark.cuda

@@ -109,7 +109,7 @@ _DECLARED = [
              "call)", minimum=0),
     Variable("YOLO_FASTDETECT_SOURCES", SWITCH, True, "1",
              "`0`: Ultralytics' own loaders for every source and for `model.val` (read as a loader is made, as are "
-             "the seven below)"),
+             "the eight below)"),
     Variable("YOLO_FASTDETECT_DECODE_THREADS", INTEGER, _decoder_threads, "CPU cores - 1",
              "decoder threads of a file source (and of `model.val`'s set)", minimum=1),
     Variable("YOLO_FASTDETECT_READ_AHEAD", INTEGER, 2, "2",
@@ -124,6 +124,9 @@ _DECLARED = [
     Variable("YOLO_FASTDETECT_GPU_VIDEO", SWITCH, False, "0",
              "`1`: H.264 and HEVC videos decode on the GPU (NVDEC, the `[video]` extra) where that gives cv2's "
              "frames; one log line says why where it does not"),
+    Variable("YOLO_FASTDETECT_NVDEC_DECODERS", INTEGER, 4, "4",
+             "NVDEC decoders at once, shared by the videos open at once: a video's closed GOPs decode on several "
+             "(with `YOLO_FASTDETECT_GPU_VIDEO=1`)", minimum=1),
     Variable("YOLO_FASTDETECT_DECODER_NICE", SWITCH, True, "1",
              "`0`: the decoder threads of a GPU predictor keep its priority (by default nice +5, Linux)"),
     Variable("YOLO_FASTDETECT_BENCH_SCALE_TIMES", PATH, None, "unset",

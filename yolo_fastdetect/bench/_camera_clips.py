@@ -22,6 +22,8 @@ CAMERA_SIZES = {"480p": (854, 480), "720p": (1280, 720), "1080p": (1920, 1080), 
 # AVColorSpace / AVColorPrimaries / AVColorTransferCharacteristic codes (one numbering for the three) that cameras
 # write: BT.709 for HD, SMPTE 170M (BT.601) for SD.
 BT709, SMPTE170M = 1, 6
+# Seconds from one IDR picture to the next that surveillance and action cameras write by default (1-2 s; 2 here).
+CAMERA_GOP_S = 2
 _ENCODERS = {"h264": "libx264", "hevc": "libx265"}
 
 
@@ -43,7 +45,7 @@ def _encoder(codec: str) -> str:
 def write_clip(path: Path, images: Iterable[np.ndarray], width: int, height: int, codec: str = "h264",
                fps: int = 30, frame_times: Sequence[float] | None = None, colorspace: int | None = None,
                primaries: int | None = None, transfer: int | None = None, full_range: bool = False,
-               preset: str = "veryfast") -> Path:
+               preset: str = "veryfast", gop: int | None = None) -> Path:
     """A yuv420p clip of BGR ``images`` (``width`` x ``height``) encoded by PyAV; needs ``av``.
 
     Args:
@@ -59,6 +61,8 @@ def write_clip(path: Path, images: Iterable[np.ndarray], width: int, height: int
         transfer: The AVColorTransferCharacteristic tag, likewise.
         full_range: Tag and encode full-range ("pc") samples.
         preset: x264 / x265 preset (the x264 presets from veryfast on use B-frames).
+        gop: Frames from one IDR picture to the next, every GOP closed (x264 / x265); None leaves the encoder's
+            default (x264: IDR at most every 250 frames; x265: open GOPs, one IDR).
 
     Returns:
         ``path``.
@@ -70,7 +74,10 @@ def write_clip(path: Path, images: Iterable[np.ndarray], width: int, height: int
     av = _av()
     stream_options = {"preset": preset} if _encoder(codec) in _ENCODERS.values() else {}
     if _encoder(codec) == "libx265":
-        stream_options["x265-params"] = "log-level=error"
+        closed_gops = f":keyint={gop}:min-keyint={gop}:open-gop=0:scenecut=0" if gop else ""
+        stream_options["x265-params"] = "log-level=error" + closed_gops
+    elif gop and _encoder(codec) == "libx264":
+        stream_options.update(g=str(gop), keyint_min=str(gop), sc_threshold="0")
     time_base = Fraction(1, 1000) if frame_times is not None else Fraction(1, fps)
     matrix = "itu709" if colorspace == BT709 else "itu601"  # the RGB -> YUV matrix PyAV's reformat knows
     with av.open(str(path), "w") as container:
@@ -141,10 +148,10 @@ def camera_size(size: str | tuple[int, int]) -> tuple[int, int]:
 
 def write_camera_clip(path: Path, frames: int, size: str | tuple[int, int] = "720p", codec: str = "h264",
                       fps: int = 30, frame_times: Sequence[float] | None = None, full_range: bool = False,
-                      preset: str = "veryfast") -> Path:
+                      preset: str = "veryfast", gop: int | None = CAMERA_GOP_S * 30) -> Path:
     """A camera-like clip of :func:`camera_frames`: ``size`` as :func:`camera_size` reads it, tagged BT.709 from 720
-    rows up and SMPTE 170M below, as cameras tag them; ``frame_times`` makes it a variable-frame-rate clip. Needs
-    ``av``.
+    rows up and SMPTE 170M below, as cameras tag them, an IDR picture every ``gop`` frames (cameras' default: every
+    :data:`CAMERA_GOP_S` seconds at 30 FPS); ``frame_times`` makes it a variable-frame-rate clip. Needs ``av``.
 
     Examples:
         >>> write_camera_clip(Path("camera_720p.mp4"), 300, "720p")  # doctest: +SKIP
@@ -152,4 +159,4 @@ def write_camera_clip(path: Path, frames: int, size: str | tuple[int, int] = "72
     width, height = camera_size(size)
     tag = BT709 if height >= 720 else SMPTE170M
     return write_clip(path, camera_frames(frames, width, height), width, height, codec, fps, frame_times, tag, tag,
-                      tag, full_range, preset)
+                      tag, full_range, preset, gop)

@@ -93,17 +93,13 @@ def in_memory_rate(model, images: list, batch: int, options: dict, repeats: int)
     return statistics.median(one_pass() for _ in range(repeats))
 
 
-def nvdec_frames(path: Path) -> int:
-    """The frames NVDEC alone decodes from ``path`` (BGR on the GPU and its pinned host copy, as the loader hands
-    them to the predictor)."""
+def nvdec_frames(path: Path, decoders: int = 1) -> int:
+    """The frames NVDEC alone decodes from ``path`` with ``decoders`` decoders (BGR on the GPU and its pinned host
+    copy, as the loader hands them to the predictor)."""
     from yolo_fastdetect.sources.nvdec import NvdecVideo
 
-    count = 0
-    with NvdecVideo(str(path), torch.device("cuda", torch.cuda.current_device())) as video:
-        for frame in video:
-            video.to_host(frame)
-            count += 1
-    return count
+    with NvdecVideo(str(path), torch.device("cuda", torch.cuda.current_device()), decoders=decoders) as video:
+        return sum(1 for _ in video)
 
 
 def nvdec_decode_rate(path: Path) -> float:

@@ -2,7 +2,8 @@
 decoding and with NVDEC, beside the decode-only ceilings measured in the same run.
 
 It writes its own clips in a temporary folder (``--keep DIR`` keeps them): camera-like H.264 clips (libx264,
-yuv420p, BT.709) panning and zooming across the wheel's images (``bench/_camera_clips.py``). One process, one model
+yuv420p, BT.709, an IDR picture every 2 s as cameras write them) panning and zooming across the wheel's images
+(``bench/_camera_clips.py``). One process, one model
 (``--model``, seeded with raised class biases as the other benchmarks make it; fp16 on CUDA), toggled with
 ``yolo_fastdetect.disable()`` / ``enable()``; ours decodes on the CPU with ``YOLO_FASTDETECT_GPU_VIDEO=0`` and with
 NVDEC with ``=1`` (where ``nvdec_unavailable_reason`` allows it; otherwise the row says why). Every timed side runs
@@ -10,8 +11,8 @@ once untimed first, then the median of ``--repeats`` passes is reported. Scenari
 
 - ``one_stream``: one ``--one-stream-size`` clip of ``--frames`` frames, ``model.predict(path, batch=--batch,
   stream=True)``, frames per second; ceilings: ``cv2.VideoCapture`` grab + retrieve of the clip (stock's reader; ours
-  reads a video on one such thread) and NVDEC alone (``sources/nvdec.py``'s ``NvdecVideo``: BGR on the GPU and its
-  pinned host copy, as the loader hands frames to the predictor).
+  reads a video on one such thread) and NVDEC alone (``sources/nvdec.py``'s ``NvdecVideo`` with the decoders the loader
+  gives one video: BGR on the GPU and its pinned host copy, as the loader hands frames to the predictor).
 - ``many_streams``: ``--streams`` copies of one ``--many-streams-size`` clip of ``--many-frames`` frames, predicted
   as one list of videos at ``--batch`` (stock has no list-of-videos path: its side predicts each video alone, one
   after the other), total frames per second; ceilings: the clips decoded at once by cv2 on one thread each, by cv2 in
@@ -47,6 +48,7 @@ from unittest import mock
 import numpy as np
 import torch
 
+from ..sources.video import nvdec_decoders
 from . import _cv2_decode
 from ._camera_clips import camera_size, write_camera_clip
 from ._timing import append_records, detecting_model, environment_line, record_header
@@ -152,7 +154,8 @@ def one_stream(model, path: str, args, options: dict) -> dict:
     figures = predicted_sides(model, path, [path], args.batch, options, args.repeats, reason)
     figures["cv2_decode_fps"] = median_rate(lambda: concurrent_rate(_cv2_decode.cv2_frames, [path]), args.repeats)
     if reason is None:
-        figures["nvdec_decode_fps"] = median_rate(lambda: concurrent_rate(nvdec_frames, [path]), args.repeats)
+        decode = functools.partial(nvdec_frames, decoders=nvdec_decoders(1))
+        figures["nvdec_decode_fps"] = median_rate(lambda: concurrent_rate(decode, [path]), args.repeats)
     return {"figures": figures, "note": f"NVDEC not run: {reason}" if reason else None}
 
 
@@ -165,7 +168,8 @@ def many_streams(model, source: list[str] | str, paths: list[str], args, options
                                                     args.repeats)
     figures["cv2_processes_decode_fps"] = median_rate(lambda: processes_rate(paths), args.repeats)
     if reason is None:
-        figures["nvdec_decode_fps"] = median_rate(lambda: concurrent_rate(nvdec_frames, paths), args.repeats)
+        decode = functools.partial(nvdec_frames, decoders=nvdec_decoders(len(paths)))
+        figures["nvdec_decode_fps"] = median_rate(lambda: concurrent_rate(decode, paths), args.repeats)
     return {"figures": figures, "note": f"NVDEC not run: {reason}" if reason else None}
 
 

@@ -28,7 +28,7 @@ from .batch import ImageBatch
 from .gpu_jpeg import EncodedJpeg, decode_on_gpu, read_for_gpu
 from .prefetch import OrderedPrefetch, read_ahead_window
 from .upload import Upload, Uploads, loader_uploads
-from .video import VIDEO_END, VideoReader, VideosInOrder, VideoStart, videos_open_at_once
+from .video import VIDEO_END, VideoReader, VideosInOrder, VideoStart, nvdec_decoders, videos_open_at_once
 
 # Ultralytics decodes these suffixes (HEIC, AVIF, ...) through lazily registered PIL plugins, which it keeps serial
 # because their registration is not thread-safe; one lock keeps them serial here too.
@@ -112,7 +112,8 @@ class FileLoader(LoadImagesAndVideos):
         if self.nf > self.ni:
             gray = self.cv2_flag == cv2.IMREAD_GRAYSCALE
             uploading = {"on_frame": self.uploads.put if self._upload_ahead else None,
-                         "gpu_frames": self.uploads if self._gpu_video is not None else None}
+                         "gpu_frames": self.uploads if self._gpu_video is not None else None,
+                         "decoders": nvdec_decoders(self.open_videos)}
             if self.open_videos > 1:
                 self._videos = VideosInOrder(self.files[self.ni :], self.vid_stride, gray, self.bs, self.open_videos,
                                              **uploading)

@@ -8,15 +8,17 @@ tags are read with PyAV from the first decoded frame, the properties FFmpeg puts
 they, the codec, the pixel format or the environment rule NVDEC out, :func:`nvdec_unavailable_reason` says why.
 
 PyNvVideoCodec and PyAV are optional (the ``[video]`` extra) and imported on first use. The calls relied on, from
-PyNvVideoCodec 2.2: ``CreateDemuxer(filename=...)`` and its ``Demux()`` (a packet; ``bsl == 0`` at the end, which
-flushes the decoder), ``GetNvCodecId()``; ``CreateDecoder(gpuid=, codec=, cudacontext=0, cudastream=,
-usedevicememory=True)`` and its ``Decode(packet)`` (the frames ready, in display order, valid until the next call);
-a frame exported with DLPack as one (H + H / 2, W) uint8 NV12 buffer. :class:`NvdecLayoutError` names what differs
+PyNvVideoCodec 2.2: ``CreateDemuxer(filename=...)`` and its ``Demux()`` (a packet: ``bsl`` bytes at ``bsl_data``
+in Annex B, ``bsl == 0`` at the end, which flushes the decoder; ``key``, ``pts``), ``GetNvCodecId()``;
+``CreateDecoder(gpuid=, codec=, cudacontext=0, cudastream=, usedevicememory=True)`` and its ``Decode(packet)`` (the
+frames ready, in display order, valid until the next call; ``getPTS()`` the timestamp of the frame's packet); a
+frame exported with DLPack as one (H + H / 2, W) uint8 NV12 buffer. :class:`NvdecLayoutError` names what differs
 where a frame is not that.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,14 +28,21 @@ import torch
 
 from .. import _ext
 from ..ops.video_color import nv12_to_bgr, opencv_conversion
+from .gop_segments import InOrderSegments, SegmentOrderError, starts_with_idr
 
-__all__ = ["NvdecLayoutError", "NvdecVideo", "StreamTags", "nvdec_unavailable_reason", "package_problem",
+__all__ = ["NvdecFrame", "NvdecLayoutError", "NvdecVideo", "StreamTags", "nvdec_unavailable_reason", "package_problem",
            "probe_stream", "stream_reason"]
 
 # FFmpeg's codec names of the streams decoded here (NVDEC decodes others, not checked against cv2).
 NVDEC_CODECS = ("h264", "hevc")
 # The 8-bit 4:2:0 pixel formats FFmpeg's decoders give for them (yuvj420p: full range), as nv12_to_bgr converts.
 NVDEC_PIXEL_FORMATS = ("yuv420p", "yuvj420p")
+# Frames the decoders of one video hold ahead of its consumer, in bytes (GPU and host copies) and at most in number:
+# enough for each of 4 decoders to hold its GOP of 60 frames at 720p while an earlier GOP is handed out.
+AHEAD_BYTES = 2 << 30
+AHEAD_FRAMES_MAX = 128
+# Bytes of a key frame's packet read for its first picture's NAL unit type (after the parameter sets and SEI).
+_IDR_BYTES_READ = 4096
 
 
 class NvdecLayoutError(RuntimeError):
@@ -163,30 +172,50 @@ def nvdec_unavailable_reason(path: str) -> str | None:
     return stream_reason(tags)
 
 
+@dataclass(frozen=True)
+class NvdecFrame:
+    """One frame of an :class:`NvdecVideo`, converted and copied to the host, both copies complete.
+
+    Attributes:
+        bgr (torch.Tensor): (H, W, 3) uint8 BGR on the video's device, allocated on :attr:`stream`.
+        image (np.ndarray): Its copy in pinned host memory: the original image ``Results`` keep, as stock's
+            ``cv2.VideoCapture`` frame.
+        stream (torch.cuda.Stream): The decoder's stream, on which :attr:`bgr` was written.
+    """
+
+    bgr: torch.Tensor
+    image: np.ndarray
+    stream: torch.cuda.Stream
+
+
 class NvdecVideo:
-    """A video decoded with NVDEC on ``device``: iterating gives its frames in stream order as (H, W, 3) uint8 BGR
-    CUDA tensors, each written on :attr:`stream` (as ``cv2.VideoCapture`` gives them, where
-    :func:`nvdec_unavailable_reason` is None; the caller checks it first).
+    """A video decoded with NVDEC on ``device``: iterating gives its frames in stream order as :class:`NvdecFrame`
+    items (as ``cv2.VideoCapture`` gives them, where :func:`nvdec_unavailable_reason` is None; the caller checks it
+    first).
+
+    With ``decoders`` > 1 the video's closed GOPs decode on that many decoders at once, each on a thread of its own
+    (:mod:`.gop_segments`); a stream with one IDR decodes on one. Each decoder keeps at most :data:`AHEAD_BYTES`
+    / ``decoders`` of frames ahead of the consumer (GPU and host copies together).
 
     Args:
         path (str): An H.264 or HEVC video file.
         device (torch.device): The CUDA device to decode on.
         tags (StreamTags | None): The stream's tags, when already probed.
+        decoders (int): NVDEC decoders on this video at once.
 
     Attributes:
         tags (StreamTags): The stream's codec, size and colour tags.
-        stream (torch.cuda.Stream): The stream the decoder and the conversion run on.
 
     Raises:
         ValueError: The stream is not one NVDEC reads as cv2 does (the reason).
 
     Examples:
-        >>> with NvdecVideo("clip.mp4", torch.device("cuda", 0)) as video:  # doctest: +SKIP
-        ...     for frame in video:  # (720, 1280, 3) uint8 BGR on cuda:0
+        >>> with NvdecVideo("clip.mp4", torch.device("cuda", 0), decoders=4) as video:  # doctest: +SKIP
+        ...     for frame in video:  # frame.bgr: (720, 1280, 3) uint8 BGR on cuda:0; frame.image: its host copy
         ...         pass
     """
 
-    def __init__(self, path: str, device: torch.device, tags: StreamTags | None = None):
+    def __init__(self, path: str, device: torch.device, tags: StreamTags | None = None, decoders: int = 1):
         module = _pynvvideocodec()
         if isinstance(module, str):
             raise ValueError(f"NvdecVideo: {module}")
@@ -194,14 +223,15 @@ class NvdecVideo:
         reason = "PyAV decodes no frame of it" if self.tags is None else stream_reason(self.tags)
         if reason is not None:
             raise ValueError(f"NvdecVideo: {path}: {reason}")
+        if decoders < 1:
+            raise ValueError(f"NvdecVideo: decoders must be at least 1, not {decoders}")
         device = torch.device(device)
         self.device = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
-        self.stream = torch.cuda.Stream(self.device)
+        self._path, self._module, self._decoders = path, module, decoders
         self._conversion = self.tags.conversion()
-        self._converted = torch.cuda.Event()  # the last frame's conversion: its buffer is the decoder's until then
-        self._demuxer = module.CreateDemuxer(filename=path)
-        self._decoder = module.CreateDecoder(gpuid=self.device.index, codec=self._demuxer.GetNvCodecId(),
-                                             cudacontext=0, cudastream=self.stream.cuda_stream, usedevicememory=True)
+        frame_bytes = 2 * 3 * self.tags.width * self.tags.height  # the GPU copy and the host copy
+        self._ahead = 2 if decoders == 1 else min(AHEAD_FRAMES_MAX, max(2, AHEAD_BYTES // decoders // frame_bytes))
+        self._segments: InOrderSegments | None = None
 
     def __enter__(self) -> NvdecVideo:
         return self
@@ -210,30 +240,61 @@ class NvdecVideo:
         self.close()
 
     def close(self) -> None:
-        """Release the decoder and the demuxer (idempotent)."""
-        self._decoder = self._demuxer = None
+        """Stop the decoders and release them (idempotent)."""
+        if self._segments is not None:
+            self._segments.close()
 
-    def __iter__(self) -> Iterator[torch.Tensor]:
-        while self._demuxer is not None:
-            packet = self._demuxer.Demux()
-            self._converted.synchronize()  # Decode may reuse the buffer of the frame converted last
-            for frame in self._decoder.Decode(packet):
-                yield self._to_bgr(frame)
-            if packet.bsl == 0:  # the end: that call flushed the decoder
-                return
+    def __iter__(self) -> Iterator[NvdecFrame]:
+        self._segments = InOrderSegments(self._decoders, self._decode, self._ahead, name="yolo_fastdetect_nvdec")
+        return iter(self._segments)
 
-    def to_host(self, bgr: torch.Tensor) -> np.ndarray:
-        """A copy of ``bgr`` (a frame of this video) in pinned host memory, once the copy is done: the original image
-        ``Results`` keep, as stock's ``cv2.VideoCapture`` frame."""
-        with torch.cuda.stream(self.stream):
-            host = torch.empty(bgr.shape, dtype=torch.uint8, pin_memory=True)
-            host.copy_(bgr, non_blocking=True)
-        self.stream.synchronize()
-        return host.numpy()
+    def _decode(self, worker: int, emit) -> int | None:
+        """Decode this worker's segments (every one with a single decoder), emitting their frames; the number of
+        segments, or None where the consumer stopped (:class:`.gop_segments.InOrderSegments`' ``produce``)."""
+        demuxer = self._module.CreateDemuxer(filename=self._path)
+        hevc = self.tags.codec == "hevc"
+        stream = torch.cuda.Stream(self.device)
+        decoder = None
+        segment, packets = -1, 0
+        segment_of_pts: dict[int, int] = {}  # this worker's packets not decoded to a frame yet
+        while True:
+            packet = demuxer.Demux()
+            end = packet.bsl == 0  # the last Decode call, which flushes the decoder
+            if not end:
+                if packets == 0 or (self._decoders > 1 and packet.key and starts_with_idr(
+                        ctypes.string_at(packet.bsl_data, min(packet.bsl, _IDR_BYTES_READ)), hevc)):
+                    segment += 1
+                packets += 1
+                if segment % self._decoders != worker:
+                    continue
+                if self._decoders > 1:  # a frame's segment is its packet's, told by the timestamp
+                    if packet.pts in segment_of_pts:
+                        raise SegmentOrderError(f"two packets with timestamp {packet.pts}: frames not told apart")
+                    segment_of_pts[packet.pts] = segment
+            elif decoder is None:
+                return segment + 1  # no segment of this worker's
+            if decoder is None:
+                decoder = self._module.CreateDecoder(gpuid=self.device.index, codec=demuxer.GetNvCodecId(),
+                                                     cudacontext=0, cudastream=stream.cuda_stream,
+                                                     usedevicememory=True)
+            for frame in decoder.Decode(packet):
+                if self._decoders == 1:
+                    frame_segment = 0
+                else:
+                    frame_segment = segment_of_pts.pop(frame.getPTS(), None)
+                    if frame_segment is None:
+                        raise SegmentOrderError(f"a frame with timestamp {frame.getPTS()} of no packet decoded here")
+                # The host copy is waited for: Decode may reuse the frame's buffer from the next call on.
+                bgr, image = self._to_bgr(frame, stream)
+                if not emit(frame_segment, NvdecFrame(bgr, image, stream)):
+                    return None
+            if end:
+                return segment + 1
 
-    def _to_bgr(self, frame) -> torch.Tensor:
-        """``frame`` (NV12 in the decoder's buffer) to a BGR tensor of its own, converted on :attr:`stream`."""
-        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+    def _to_bgr(self, frame, stream: torch.cuda.Stream) -> tuple[torch.Tensor, np.ndarray]:
+        """``frame`` (NV12 in the decoder's buffer) converted to a BGR tensor of its own on ``stream``, and that
+        copied to pinned host memory; both done on return."""
+        with torch.cuda.device(self.device), torch.cuda.stream(stream):
             buffer = torch.from_dlpack(frame)
             height, width = self.tags.height, self.tags.width
             chroma_rows, chroma_bytes = (height + 1) // 2, 2 * ((width + 1) // 2)
@@ -244,5 +305,7 @@ class NvdecVideo:
                     f"{buffer.dtype} on {buffer.device}, not the NV12 buffer ({height + chroma_rows}, >= "
                     f"{chroma_bytes}) uint8 on {self.device} of a {width}x{height} stream")
             bgr = nv12_to_bgr(buffer[:height, :width], buffer[height:, :chroma_bytes], *self._conversion)
-            self._converted.record(self.stream)
-        return bgr
+            host = torch.empty(bgr.shape, dtype=torch.uint8, pin_memory=True)
+            host.copy_(bgr, non_blocking=True)
+        stream.synchronize()
+        return bgr, host.numpy()

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from ultralytics.utils import LOGGER
 
+from .. import config
 from .nvdec import NvdecLayoutError, NvdecVideo, nvdec_unavailable_reason
 from .upload import Upload, Uploads
 
@@ -66,26 +67,26 @@ def _put(frames: queue.Queue, stop: threading.Event, item) -> bool:
     return False
 
 
-def _read_nvdec(path: str, vid_stride: int, count: int, gpu_frames: Uploads, frames: queue.Queue,
+def _read_nvdec(path: str, vid_stride: int, count: int, gpu_frames: Uploads, decoders: int, frames: queue.Queue,
                 stop: threading.Event) -> bool | int:
-    """Read ``path`` with NVDEC, by stock's rules, where it gives cv2's frames: True or False as :func:`_read_one`
-    returns; otherwise the number of frames read (0 where NVDEC does not apply), from which cv2 reads on."""
+    """Read ``path`` with NVDEC (``decoders`` at once), by stock's rules, where it gives cv2's frames: True or False
+    as :func:`_read_one` returns; otherwise the number of frames read (0 where NVDEC does not apply), from which cv2
+    reads on."""
     reason = nvdec_unavailable_reason(path)
     if reason is not None:
         LOGGER.info(f"yolo_fastdetect: {path} decodes on the CPU, not with NVDEC: {reason}")
         return 0
     frame = decoded = 0
     try:
-        with NvdecVideo(path, gpu_frames.device) as video:
-            for bgr in video:
+        with NvdecVideo(path, gpu_frames.device, decoders=decoders) as video:
+            for nvdec_frame in video:
                 decoded += 1
                 if decoded % vid_stride:  # stock grabs vid_stride frames and retrieves the last
                     continue
-                image = video.to_host(bgr)
-                with torch.cuda.stream(video.stream):
-                    upload = gpu_frames.add(image, bgr)
+                with torch.cuda.stream(nvdec_frame.stream):
+                    upload = gpu_frames.add(nvdec_frame.image, nvdec_frame.bgr)
                 frame += 1
-                if not _put(frames, stop, VideoFrame(image, frame == count, upload)):
+                if not _put(frames, stop, VideoFrame(nvdec_frame.image, frame == count, upload)):
                     return False
                 if frame == count:
                     return True
@@ -98,7 +99,7 @@ def _read_nvdec(path: str, vid_stride: int, count: int, gpu_frames: Uploads, fra
 
 
 def _read_one(path: str, vid_stride: int, gray: bool, on_frame: Callable | None, gpu_frames: Uploads | None,
-              frames: queue.Queue, stop: threading.Event) -> bool:
+              decoders: int, frames: queue.Queue, stop: threading.Event) -> bool:
     """Read one video into ``frames``; False when reading should stop (consumer gone, or the video did not open)."""
     capture = cv2.VideoCapture(path)
     try:
@@ -111,7 +112,7 @@ def _read_one(path: str, vid_stride: int, gray: bool, on_frame: Callable | None,
             return False
         frame = 0
         if gpu_frames is not None and not gray:
-            outcome = _read_nvdec(path, vid_stride, count, gpu_frames, frames, stop)
+            outcome = _read_nvdec(path, vid_stride, count, gpu_frames, decoders, frames, stop)
             if isinstance(outcome, bool):  # (bool before int: a bool is an int)
                 return outcome
             frame = outcome
@@ -140,10 +141,10 @@ def _read_one(path: str, vid_stride: int, gray: bool, on_frame: Callable | None,
 
 
 def _read_all(paths: Sequence[str], vid_stride: int, gray: bool, on_frame: Callable | None,
-              gpu_frames: Uploads | None, frames: queue.Queue, stop: threading.Event) -> None:
+              gpu_frames: Uploads | None, decoders: int, frames: queue.Queue, stop: threading.Event) -> None:
     try:
         for path in paths:
-            if not _read_one(path, vid_stride, gray, on_frame, gpu_frames, frames, stop):
+            if not _read_one(path, vid_stride, gray, on_frame, gpu_frames, decoders, frames, stop):
                 return
     except BaseException as error:  # noqa: BLE001 - handed to the consumer, which raises it
         _put(frames, stop, error)
@@ -164,15 +165,17 @@ class VideoReader:
     open, a decoder error). The thread and its open capture end at :meth:`close` or garbage collection.
     ``on_frame(image)``, when given, runs on the reader's thread for each frame cv2 decodes and returns the frame's
     upload, which the frame carries (the upload-ahead of :mod:`.upload`). ``gpu_frames``, when given, decodes with
-    NVDEC on its device where that gives cv2's frames, and holds their GPU copies (see the module docstring).
+    NVDEC on its device where that gives cv2's frames, with ``decoders`` NVDEC decoders on each video at once
+    (:class:`.nvdec.NvdecVideo`), and holds their GPU copies (see the module docstring).
     """
 
     def __init__(self, paths: Sequence[str], vid_stride: int, gray: bool, capacity: int,
-                 on_frame: Callable[[np.ndarray], Upload | None] | None = None, gpu_frames: Uploads | None = None):
+                 on_frame: Callable[[np.ndarray], Upload | None] | None = None, gpu_frames: Uploads | None = None,
+                 decoders: int = 1):
         self._frames: queue.Queue = queue.Queue(maxsize=max(1, capacity))
         stop = threading.Event()
         self._thread = threading.Thread(
-            target=_read_all, args=(list(paths), vid_stride, gray, on_frame, gpu_frames, self._frames, stop),
+            target=_read_all, args=(list(paths), vid_stride, gray, on_frame, gpu_frames, decoders, self._frames, stop),
             daemon=True, name="yolo_fastdetect_video",
         )
         self._thread.start()
@@ -213,6 +216,17 @@ def videos_open_at_once(threads: int, batch: int) -> int:
     return max(2, min(threads, VIDEO_FRAMES_AHEAD_MAX // (batch + 1)))
 
 
+def nvdec_decoders(open_videos: int) -> int:
+    """NVDEC decoders on each of ``open_videos`` videos decoding at once: ``YOLO_FASTDETECT_NVDEC_DECODERS`` shared
+    among them, at least one each.
+
+    Examples:
+        >>> nvdec_decoders(1), nvdec_decoders(3), nvdec_decoders(8)  # YOLO_FASTDETECT_NVDEC_DECODERS unset: 4
+        (4, 1, 1)
+    """
+    return max(1, config.get("YOLO_FASTDETECT_NVDEC_DECODERS") // max(1, open_videos))
+
+
 class VideosInOrder:
     """What ``VideoReader(paths, ...)`` gives, item for item and in the same order, from up to ``open_videos``
     consecutive videos decoding at once, one :class:`VideoReader` each: while one video is handed out, the next ones
@@ -225,11 +239,12 @@ class VideosInOrder:
     """
 
     def __init__(self, paths: Sequence[str], vid_stride: int, gray: bool, capacity: int, open_videos: int,
-                 on_frame: Callable[[np.ndarray], Upload | None] | None = None, gpu_frames: Uploads | None = None):
+                 on_frame: Callable[[np.ndarray], Upload | None] | None = None, gpu_frames: Uploads | None = None,
+                 decoders: int = 1):
         self._waiting = collections.deque(paths)
         self._open: collections.deque[VideoReader] = collections.deque()
         self._reader = functools.partial(VideoReader, vid_stride=vid_stride, gray=gray, capacity=capacity,
-                                         on_frame=on_frame, gpu_frames=gpu_frames)
+                                         on_frame=on_frame, gpu_frames=gpu_frames, decoders=decoders)
         self._open_videos = max(1, open_videos)
         self._open_more()
 

@@ -48,7 +48,7 @@ from ultralytics.data.utils import IMG_FORMATS, VID_FORMATS
 
 from .batch import ImageBatch
 from .upload import Uploads
-from .video import VIDEO_END, VideoReader, VideoStart
+from .video import VIDEO_END, VideoReader, VideoStart, nvdec_decoders
 
 
 def _suffix(path: str | Path) -> str:
@@ -159,7 +159,8 @@ class VideoListLoader(LoadImagesAndVideos):
             return None
         reader = VideoReader([self.files[self._next_index]], self.vid_stride, self.cv2_flag == cv2.IMREAD_GRAYSCALE,
                              self.bs, on_frame=self.uploads.put if self._upload_ahead else None,
-                             gpu_frames=self.uploads if self._gpu_video else None)
+                             gpu_frames=self.uploads if self._gpu_video else None,
+                             decoders=nvdec_decoders(min(self.open_videos, self.nf)))
         self._next_index += 1
         return _OpenVideo(self._next_index - 1, reader)
 
