@@ -4,7 +4,8 @@ Standalone validation starts by deep-copying the user's model (Ultralytics 8.4.1
 move to the device, fuse and half leave the user's model alone. The copy is ``copy.deepcopy``: about 50-90 ms of a
 ``model.val`` call on the development CPU for yolo12n (docs/design.md, Validation). The patched method returns
 :func:`yolo_fastdetect.model_copy.copy_model`'s copy, the same modules, attributes and tensors in about half the
-time; validation during training (the trainer's EMA, not copied) and anything but an ``nn.Module`` run stock's.
+time, made outside inference mode as stock's method makes it (``AutoBackend`` copies a model holding inference tensors
+once more); validation during training (the trainer's EMA, not copied) and anything but an ``nn.Module`` run stock's.
 
 The plan checks behaviour: stock's method must hand back a copy of a probe model, equal to it and sharing no tensor
 with it, and the trainer's EMA itself. Releases without ``get_model`` validate the user's model without copying it:
@@ -28,7 +29,9 @@ def get_model(self: BaseValidator, model, trainer=None, *args, **kwargs):
     """Stock's ``get_model``, with :func:`~yolo_fastdetect.model_copy.copy_model` copying a model to validate
     alone."""
     if trainer is None and isinstance(model, nn.Module) and not args and not kwargs:
-        return copy_model(model)
+        # As stock's decorator runs it: tensors made in inference mode would have AutoBackend copy the model again.
+        with torch.inference_mode(False), torch.no_grad():
+            return copy_model(model)
     return PATCH.original("get_model")(self, model, trainer, *args, **kwargs)
 
 
@@ -47,8 +50,11 @@ def _plan() -> list[Replacement]:
     require(parameters(stock)[:3] == ["self", "model", "trainer"],
             "BaseValidator.get_model is not (self, model, trainer, ...)")
     probe = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
-    require(_is_independent_copy(stock(SimpleNamespace(), probe, None), probe),
-            "BaseValidator.get_model does not return a deep copy of the model")
+    with torch.inference_mode():  # where model.val calls it
+        copied = stock(SimpleNamespace(), probe, None)
+    require(_is_independent_copy(copied, probe), "BaseValidator.get_model does not return a deep copy of the model")
+    require(not any(tensor.is_inference() for tensor in copied.state_dict().values()),
+            "BaseValidator.get_model makes inference tensors in inference mode")
     ema = SimpleNamespace(ema=probe)
     require(stock(SimpleNamespace(), None, SimpleNamespace(ema=ema)) is probe,
             "BaseValidator.get_model does not return the trainer's EMA in training")

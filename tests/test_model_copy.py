@@ -112,6 +112,22 @@ def test_sharing_is_kept_and_other_classes_copy_their_way():
     assert not view.frozen.requires_grad
 
 
+def test_patched_get_model_copies_as_stocks_in_inference_mode():
+    """model.val calls get_model in inference mode; stock's copy holds normal tensors (else AutoBackend copies the
+    model again), and so does the patched method's."""
+    from ultralytics.engine.validator import BaseValidator
+
+    network = detecting_model(config="yolo11n.yaml").model
+    copies = {}
+    for patched in (False, True):  # (the package applies it on import: the test ends with it applied)
+        (val_model_copy.apply if patched else val_model_copy.revert)()
+        with torch.inference_mode():
+            copies[patched] = BaseValidator.get_model(BaseValidator.__new__(BaseValidator), network)
+    assert_same_copy(copies[True], copies[False], network)
+    tensors = [*copies[True].parameters(), *copies[True].buffers()]
+    assert tensors and not any(tensor.is_inference() for tensor in tensors)
+
+
 def test_val_validates_the_fast_copy_and_leaves_the_model_alone(tmp_path):
     from yolo_fastdetect.bench._val_dataset import write_val_dataset
 
