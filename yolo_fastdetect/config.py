@@ -124,9 +124,9 @@ _DECLARED = [
     Variable("YOLO_FASTDETECT_GPU_VIDEO", SWITCH, False, "0",
              "`1`: H.264 and HEVC videos decode on the GPU (NVDEC, the `[video]` extra) where that gives cv2's "
              "frames; one log line says why where it does not"),
-    Variable("YOLO_FASTDETECT_NVDEC_DECODERS", INTEGER, 4, "4",
-             "NVDEC decoders at once, shared by the videos open at once: a video's closed GOPs decode on several "
-             "(with `YOLO_FASTDETECT_GPU_VIDEO=1`)", minimum=1),
+    Variable("YOLO_FASTDETECT_NVDEC_DECODERS", INTEGER, 1, "1",
+             "with `YOLO_FASTDETECT_GPU_VIDEO=1`: NVDEC decoders shared by the videos open at once; a video given "
+             "several decodes its closed GOPs on them at once", minimum=1),
     Variable("YOLO_FASTDETECT_DECODER_NICE", SWITCH, True, "1",
              "`0`: the decoder threads of a GPU predictor keep its priority (by default nice +5, Linux)"),
     Variable("YOLO_FASTDETECT_BENCH_SCALE_TIMES", PATH, None, "unset",

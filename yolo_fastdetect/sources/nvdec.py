@@ -37,8 +37,8 @@ __all__ = ["NvdecFrame", "NvdecLayoutError", "NvdecVideo", "StreamTags", "nvdec_
 NVDEC_CODECS = ("h264", "hevc")
 # The 8-bit 4:2:0 pixel formats FFmpeg's decoders give for them (yuvj420p: full range), as nv12_to_bgr converts.
 NVDEC_PIXEL_FORMATS = ("yuv420p", "yuvj420p")
-# Frames the decoders of one video hold ahead of its consumer, in bytes (GPU and host copies) and at most in number:
-# enough for each of 4 decoders to hold its GOP of 60 frames at 720p while an earlier GOP is handed out.
+# Frames the decoders of one video hold ahead of its consumer (with several), in bytes (GPU and host copies) and at
+# most in number: enough for each of 4 decoders to hold its GOP of 60 frames at 720p while an earlier one is handed out.
 AHEAD_BYTES = 2 << 30
 AHEAD_FRAMES_MAX = 128
 # Bytes of a key frame's packet read for its first picture's NAL unit type (after the parameter sets and SEI).

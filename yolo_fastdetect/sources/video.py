@@ -218,11 +218,11 @@ def videos_open_at_once(threads: int, batch: int) -> int:
 
 def nvdec_decoders(open_videos: int) -> int:
     """NVDEC decoders on each of ``open_videos`` videos decoding at once: ``YOLO_FASTDETECT_NVDEC_DECODERS`` shared
-    among them, at least one each.
+    among them, at least one each (with 4: 4 on one video, 1 each on 3 or 8).
 
     Examples:
-        >>> nvdec_decoders(1), nvdec_decoders(3), nvdec_decoders(8)  # YOLO_FASTDETECT_NVDEC_DECODERS unset: 4
-        (4, 1, 1)
+        >>> nvdec_decoders(1), nvdec_decoders(8)  # YOLO_FASTDETECT_NVDEC_DECODERS unset: 1
+        (1, 1)
     """
     return max(1, config.get("YOLO_FASTDETECT_NVDEC_DECODERS") // max(1, open_videos))
 
