@@ -19,13 +19,14 @@ from yolo_fastdetect.patches import fuse_summary
 
 @pytest.fixture(autouse=True)
 def stock_fuse():
-    """Each test starts with stock's ``fuse`` (the patch's record of it made) and leaves it so, and the logger at its
-    level."""
+    """Each test starts with stock's ``fuse`` (the patch's record of it made); the patch's state and the logger's
+    level are restored after it (a patch left off would turn the package off for the tests after)."""
+    applied = fuse_summary.is_applied()
     assert fuse_summary.apply(), fuse_summary.PATCH.state()
     fuse_summary.revert()
     level = LOGGER.level
     yield
-    fuse_summary.revert()
+    (fuse_summary.apply if applied else fuse_summary.revert)()
     LOGGER.setLevel(level)
 
 

@@ -114,14 +114,15 @@ def test_a_producer_error_is_raised_after_its_earlier_items(generator):
 
 
 def test_a_consumer_that_stops_early_ends_every_worker(generator):
-    before = threading.active_count()
     sizes = [50] * 8
     delays = torch.zeros((8, 50))
-    segments = InOrderSegments(4, producer(sizes, 4, delays), ahead=2)
-    taken = [item for _, item in zip(range(7), segments)]
+    segments = InOrderSegments(4, producer(sizes, 4, delays), ahead=2, name="early_stop")
+    items = iter(segments)
+    taken = [next(items) for _ in range(7)]
     assert taken == [(0, index) for index in range(7)]
+    assert len([thread for thread in threading.enumerate() if thread.name.startswith("early_stop")]) == 4
     segments.close()
-    assert threading.active_count() == before
+    assert not [thread for thread in threading.enumerate() if thread.name.startswith("early_stop")]
 
 
 @pytest.mark.parametrize(("emitted", "message"), [

@@ -131,10 +131,10 @@ def test_patched_get_model_copies_as_stocks_in_inference_mode():
 def test_val_validates_the_fast_copy_and_leaves_the_model_alone(tmp_path):
     from yolo_fastdetect.bench._val_dataset import write_val_dataset
 
-    assert val_model_copy.apply(), val_model_copy.PATCH.state()
     model = detecting_model(config="yolo11n.yaml", logit_scale=2.0, background=-16.0)
     data = write_val_dataset(tmp_path / "set", model, 4, 160, "cpu", 0)
     before = state(model.model)
+    assert val_model_copy.apply(), val_model_copy.PATCH.state()
     with mock.patch.object(val_model_copy, "copy_model", wraps=model_copy.copy_model) as copies:
         model.val(data=str(data), imgsz=160, batch=4, device="cpu", plots=False, project=str(tmp_path / "runs"))
     assert copies.call_count == 1 and copies.call_args.args[0] is model.model
