@@ -17,14 +17,13 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 
+from .handoff import POLL_S, drain, get_from, put_unless_stopped
+
 __all__ = ["InOrderSegments", "SegmentOrderError", "starts_with_idr"]
 
 # NAL unit types (H.264: the low 5 bits of the header byte; HEVC: bits 1-6). VCL units carry a picture's slices.
 _H264_VCL, _H264_IDR = range(1, 6), 5
 _HEVC_VCL_END, _HEVC_IDR = 32, (19, 20)  # IDR_W_RADL, IDR_N_LP
-
-# How often a blocked worker or consumer looks whether the other side has stopped (seconds).
-_POLL_S = 0.05
 
 
 class SegmentOrderError(RuntimeError):
@@ -111,13 +110,7 @@ class InOrderSegments:
             thread.start()
 
     def _put(self, worker: int, item) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queues[worker].put(item, timeout=_POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return put_unless_stopped(self._queues[worker], self._stop, item)
 
     def _work(self, worker: int, produce: Callable) -> None:
         workers = len(self._queues)
@@ -146,12 +139,8 @@ class InOrderSegments:
             self._put(worker, (None, error))
 
     def _get(self, worker: int):
-        while True:
-            try:
-                return self._queues[worker].get(timeout=_POLL_S)
-            except queue.Empty:
-                if not self._threads[worker].is_alive() and self._queues[worker].empty():
-                    raise RuntimeError("yolo_fastdetect: a segment decoder stopped without a word") from None
+        return get_from(self._queues[worker], self._threads[worker],
+                        "yolo_fastdetect: a segment decoder stopped without a word")
 
     def __iter__(self) -> Iterator:
         segment = 0
@@ -175,15 +164,8 @@ class InOrderSegments:
     def close(self) -> None:
         """Stop the workers and join them; drops the items not handed out (idempotent)."""
         self._stop.set()
-        for worker, thread in enumerate(self._threads):
-            while thread.is_alive():
-                thread.join(_POLL_S)
-                self._drain(worker)
-            self._drain(worker)
-
-    def _drain(self, worker: int) -> None:
-        while True:
-            try:
-                self._queues[worker].get_nowait()
-            except queue.Empty:
-                return
+        for thread, items in zip(self._threads, self._queues):
+            while thread.is_alive():  # (a worker blocked on a full queue sees the stop within POLL_S anyway)
+                thread.join(POLL_S)
+                drain(items)
+            drain(items)

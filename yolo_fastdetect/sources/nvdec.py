@@ -255,16 +255,15 @@ class NvdecVideo:
         hevc = self.tags.codec == "hevc"
         stream = torch.cuda.Stream(self.device)
         decoder = None
-        segment, packets = -1, 0
+        segment = -1  # the segment of the packet demuxed last
         segment_of_pts: dict[int, int] = {}  # this worker's packets not decoded to a frame yet
         while True:
             packet = demuxer.Demux()
             end = packet.bsl == 0  # the last Decode call, which flushes the decoder
             if not end:
-                if packets == 0 or (self._decoders > 1 and packet.key and starts_with_idr(
+                if segment < 0 or (self._decoders > 1 and packet.key and starts_with_idr(
                         ctypes.string_at(packet.bsl_data, min(packet.bsl, _IDR_BYTES_READ)), hevc)):
-                    segment += 1
-                packets += 1
+                    segment += 1  # segment 0 starts at the first packet, whatever it is
                 if segment % self._decoders != worker:
                     continue
                 if self._decoders > 1:  # a frame's segment is its packet's, told by the timestamp

@@ -28,11 +28,9 @@ import torch
 from ultralytics.utils import LOGGER
 
 from .. import config
+from .handoff import drain, get_from, put_unless_stopped
 from .nvdec import NvdecLayoutError, NvdecVideo, nvdec_unavailable_reason
 from .upload import Upload, Uploads
-
-# How often a blocked reader or consumer looks whether the other side has stopped (seconds).
-_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -56,17 +54,6 @@ class VideoFrame:
 VIDEO_END = "end"  # a grab failed: the video ended before its reported frame count (or could not be read on)
 
 
-def _put(frames: queue.Queue, stop: threading.Event, item) -> bool:
-    """Put ``item`` once there is room; False when the consumer stopped first."""
-    while not stop.is_set():
-        try:
-            frames.put(item, timeout=_POLL_S)
-            return True
-        except queue.Full:
-            continue
-    return False
-
-
 def _read_nvdec(path: str, vid_stride: int, count: int, gpu_frames: Uploads, decoders: int, frames: queue.Queue,
                 stop: threading.Event) -> bool | int:
     """Read ``path`` with NVDEC (``decoders`` at once), by stock's rules, where it gives cv2's frames: True or False
@@ -86,7 +73,7 @@ def _read_nvdec(path: str, vid_stride: int, count: int, gpu_frames: Uploads, dec
                 with torch.cuda.stream(nvdec_frame.stream):
                     upload = gpu_frames.add(nvdec_frame.image, nvdec_frame.bgr)
                 frame += 1
-                if not _put(frames, stop, VideoFrame(nvdec_frame.image, frame == count, upload)):
+                if not put_unless_stopped(frames, stop, VideoFrame(nvdec_frame.image, frame == count, upload)):
                     return False
                 if frame == count:
                     return True
@@ -95,7 +82,7 @@ def _read_nvdec(path: str, vid_stride: int, count: int, gpu_frames: Uploads, dec
     except Exception as error:  # noqa: BLE001 - a decoder error: cv2 reads on, as stock reads the file
         LOGGER.warning(f"yolo_fastdetect: NVDEC failed on {path} after {frame} frames ({error}); cv2 reads on")
         return frame
-    return _put(frames, stop, VIDEO_END)
+    return put_unless_stopped(frames, stop, VIDEO_END)
 
 
 def _read_one(path: str, vid_stride: int, gray: bool, on_frame: Callable | None, gpu_frames: Uploads | None,
@@ -105,10 +92,10 @@ def _read_one(path: str, vid_stride: int, gray: bool, on_frame: Callable | None,
     try:
         fps = capture.get(cv2.CAP_PROP_FPS)
         if not capture.isOpened():
-            _put(frames, stop, FileNotFoundError(f"Failed to open video {path}"))
+            put_unless_stopped(frames, stop, FileNotFoundError(f"Failed to open video {path}"))
             return False
         count = int(capture.get(cv2.CAP_PROP_FRAME_COUNT) / vid_stride)
-        if not _put(frames, stop, VideoStart(fps, count)):
+        if not put_unless_stopped(frames, stop, VideoStart(fps, count)):
             return False
         frame = 0
         if gpu_frames is not None and not gray:
@@ -117,7 +104,7 @@ def _read_one(path: str, vid_stride: int, gray: bool, on_frame: Callable | None,
                 return outcome
             frame = outcome
             if not all(capture.grab() for _ in range(frame * vid_stride)):  # the frames NVDEC gave
-                return _put(frames, stop, VIDEO_END)
+                return put_unless_stopped(frames, stop, VIDEO_END)
         while True:
             grabbed = False
             for _ in range(vid_stride):
@@ -125,14 +112,14 @@ def _read_one(path: str, vid_stride: int, gray: bool, on_frame: Callable | None,
                 if not grabbed:
                     break
             if not grabbed:
-                return _put(frames, stop, VIDEO_END)
+                return put_unless_stopped(frames, stop, VIDEO_END)
             retrieved, image = capture.retrieve()
             if retrieved and image is not None:
                 if gray:
                     image = cv2.cvtColor(image, cv2.COLOR_BGR2GRAY)[..., None]
                 upload = on_frame(image) if on_frame is not None else None
                 frame += 1
-                if not _put(frames, stop, VideoFrame(image, frame == count, upload)):
+                if not put_unless_stopped(frames, stop, VideoFrame(image, frame == count, upload)):
                     return False
                 if frame == count:
                     return True
@@ -147,14 +134,13 @@ def _read_all(paths: Sequence[str], vid_stride: int, gray: bool, on_frame: Calla
             if not _read_one(path, vid_stride, gray, on_frame, gpu_frames, decoders, frames, stop):
                 return
     except BaseException as error:  # noqa: BLE001 - handed to the consumer, which raises it
-        _put(frames, stop, error)
+        put_unless_stopped(frames, stop, error)
 
 
 def _stop(thread: threading.Thread, stop: threading.Event, frames: queue.Queue) -> None:
     stop.set()
     thread.join()
-    while not frames.empty():  # drop the decoded frames now rather than with the last reference to the queue
-        frames.get_nowait()
+    drain(frames)
 
 
 class VideoReader:
@@ -183,14 +169,8 @@ class VideoReader:
 
     def get(self) -> VideoStart | VideoFrame | str:
         """The next item; raises the reader's error. Never blocks once the reader has ended."""
-        while True:
-            try:
-                item = self._frames.get(timeout=_POLL_S)
-                break
-            except queue.Empty:
-                if not self._thread.is_alive() and self._frames.empty():
-                    stopped = "yolo_fastdetect: the video reader stopped before the end of the videos"
-                    raise RuntimeError(stopped) from None
+        item = get_from(self._frames, self._thread,
+                        "yolo_fastdetect: the video reader stopped before the end of the videos")
         if isinstance(item, BaseException):
             self.close()
             raise item
