@@ -131,6 +131,61 @@ def test_reason_where_the_package_does_not_load(fake_pynvvideocodec, monkeypatch
     assert reason == "PyNvVideoCodec does not load: libnvidia-encode.so.1: cannot open shared object file"
 
 
+# One decoder per video: PyNvVideoCodec's ThreadedDecoder, with a stand-in ------------------------------------------
+
+
+class StandInThreadedDecoder:
+    """In place of ``PyNvVideoCodec.ThreadedDecoder``: ``frames`` numbered frames, handed out by
+    ``get_batch_frames``; records the fetches and whether ``end()`` ran."""
+
+    made: list[StandInThreadedDecoder] = []
+
+    def __init__(self, path, buffer_size, gpu_id, cuda_context, cuda_stream, use_device_memory, output_color_type,
+                 frames=20):
+        self.arguments = (path, buffer_size, gpu_id, cuda_stream, use_device_memory, output_color_type)
+        self.left, self.fetches, self.ended = list(range(frames)), [], False
+        StandInThreadedDecoder.made.append(self)
+
+    def get_batch_frames(self, count):
+        self.fetches.append(count)
+        batch, self.left = self.left[:count], self.left[count:]
+        return batch
+
+    def end(self):
+        self.ended = True
+
+
+@pytest.fixture
+def one_threaded_decoder(tmp_path, fake_pynvvideocodec, monkeypatch):
+    """An NvdecVideo (one decoder) of a real clip whose PyNvVideoCodec is the stand-in, each frame's "BGR" its
+    number: no GPU needed."""
+    fake_pynvvideocodec(SimpleNamespace(ThreadedDecoder=StandInThreadedDecoder,
+                                        OutputColorType=SimpleNamespace(NATIVE="native")))
+    monkeypatch.setattr(StandInThreadedDecoder, "made", [])
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: SimpleNamespace(cuda_stream=1234))
+    monkeypatch.setattr(nvdec.NvdecVideo, "_to_bgr", lambda self, frames, stream: [(f, f) for f in frames])
+    path = str(write_camera_clip(tmp_path / "clip.mp4", 2, "96x64"))
+    return nvdec.NvdecVideo(path, torch.device("cuda", 3))
+
+
+def test_one_decoder_fetches_batches_in_order_and_ends_its_decoder(one_threaded_decoder):
+    with one_threaded_decoder as video:
+        frames = [frame.bgr for frame in video]
+    [decoder] = StandInThreadedDecoder.made
+    assert frames == list(range(20))
+    assert decoder.fetches == [nvdec.FETCH_FRAMES] * 4  # 8, 8, 4, then none: the end
+    assert decoder.arguments == (video._path, nvdec.THREADED_BUFFER_FRAMES, 3, 1234, True, "native")
+    assert decoder.ended
+
+
+def test_one_decoder_closed_early_ends_its_decoder(one_threaded_decoder):
+    frames = iter(one_threaded_decoder)
+    assert [next(frames).bgr for _ in range(3)] == [0, 1, 2]
+    one_threaded_decoder.close()
+    [decoder] = StandInThreadedDecoder.made
+    assert decoder.ended and decoder.fetches == [nvdec.FETCH_FRAMES]
+
+
 # The reader's NVDEC path, with a stand-in decoder ----------------------------------------------------------------
 
 

@@ -11,9 +11,17 @@ PyNvVideoCodec and PyAV are optional (the ``[video]`` extra) and imported on fir
 PyNvVideoCodec 2.2: ``CreateDemuxer(filename=...)`` and its ``Demux()`` (a packet: ``bsl`` bytes at ``bsl_data``
 in Annex B, ``bsl == 0`` at the end, which flushes the decoder; ``key``, ``pts``), ``GetNvCodecId()``;
 ``CreateDecoder(gpuid=, codec=, cudacontext=0, cudastream=, usedevicememory=True)`` and its ``Decode(packet)`` (the
-frames ready, in display order, valid until the next call; ``getPTS()`` the timestamp of the frame's packet); a
-frame exported with DLPack as one (H + H / 2, W) uint8 NV12 buffer. :class:`NvdecLayoutError` names what differs
-where a frame is not that.
+frames ready, in display order, valid until the next call; ``getPTS()`` the timestamp of the frame's packet);
+``ThreadedDecoder(path, buffer_size, gpu_id=, cuda_context=0, cuda_stream=, use_device_memory=True,
+output_color_type=OutputColorType.NATIVE)``, which demuxes and decodes on a thread of its own, and its
+``get_batch_frames(n)`` (up to ``n`` frames in display order, valid until the next call; none at the end) and
+``end()``; a frame exported with DLPack as one (H + H / 2, W) uint8 NV12 buffer. :class:`NvdecLayoutError` names
+what differs where a frame is not that.
+
+One decoder per video (the default) is PyNvVideoCodec's ``ThreadedDecoder``: its decode loop is C++ and does not
+take the GIL, where a loop of ``Demux``/``Decode`` calls takes it a few times per frame and slows to a crawl beside
+a busy Python thread, such as the predictor's (docs/video_design.md, "One decoder without the GIL"). Each batch it
+gives is converted, copied to the host and waited for in one go.
 """
 
 from __future__ import annotations
@@ -43,6 +51,9 @@ AHEAD_BYTES = 2 << 30
 AHEAD_FRAMES_MAX = 128
 # Bytes of a key frame's packet read for its first picture's NAL unit type (after the parameter sets and SEI).
 _IDR_BYTES_READ = 4096
+# Frames one ThreadedDecoder fetch asks for, and the frames its thread decodes ahead of the fetches.
+FETCH_FRAMES = 8
+THREADED_BUFFER_FRAMES = 2 * FETCH_FRAMES
 
 
 class NvdecLayoutError(RuntimeError):
@@ -231,7 +242,7 @@ class NvdecVideo:
         self._conversion = self.tags.conversion()
         frame_bytes = 2 * 3 * self.tags.width * self.tags.height  # the GPU copy and the host copy
         self._ahead = 2 if decoders == 1 else min(AHEAD_FRAMES_MAX, max(2, AHEAD_BYTES // decoders // frame_bytes))
-        self._segments: InOrderSegments | None = None
+        self._running: InOrderSegments | Iterator[NvdecFrame] | None = None
 
     def __enter__(self) -> NvdecVideo:
         return self
@@ -241,16 +252,37 @@ class NvdecVideo:
 
     def close(self) -> None:
         """Stop the decoders and release them (idempotent)."""
-        if self._segments is not None:
-            self._segments.close()
+        if self._running is not None:
+            self._running.close()
 
     def __iter__(self) -> Iterator[NvdecFrame]:
-        self._segments = InOrderSegments(self._decoders, self._decode, self._ahead, name="yolo_fastdetect_nvdec")
-        return iter(self._segments)
+        # One decoder decodes on ThreadedDecoder's own thread, so its frames are fetched on the consumer's: a thread
+        # of ours in between would add a hand-off, each taking the GIL, to every frame.
+        if self._decoders == 1:
+            self._running = self._decode_whole()
+        else:
+            self._running = InOrderSegments(self._decoders, self._decode_segments, self._ahead,
+                                            name="yolo_fastdetect_nvdec")
+        return iter(self._running)
 
-    def _decode(self, worker: int, emit) -> int | None:
-        """Decode this worker's segments (every one with a single decoder), emitting their frames; the number of
-        segments, or None where the consumer stopped (:class:`.gop_segments.InOrderSegments`' ``produce``)."""
+    def _decode_whole(self) -> Iterator[NvdecFrame]:
+        """The whole video's frames from one ``ThreadedDecoder``, fetched a batch at a time."""
+        stream = torch.cuda.Stream(self.device)
+        decoder = self._module.ThreadedDecoder(
+            self._path, THREADED_BUFFER_FRAMES, gpu_id=self.device.index, cuda_context=0,
+            cuda_stream=stream.cuda_stream, use_device_memory=True,
+            output_color_type=self._module.OutputColorType.NATIVE)
+        try:
+            while frames := decoder.get_batch_frames(FETCH_FRAMES):
+                for bgr, image in self._to_bgr(frames, stream):
+                    yield NvdecFrame(bgr, image, stream)
+        finally:
+            decoder.end()
+
+    def _decode_segments(self, worker: int, emit) -> int | None:
+        """Decode this worker's segments (``decoders`` > 1), each packet demuxed and decoded here, emitting their
+        frames; the number of segments, or None where the consumer stopped (:class:`.gop_segments.InOrderSegments`'
+        ``produce``)."""
         demuxer = self._module.CreateDemuxer(filename=self._path)
         hevc = self.tags.codec == "hevc"
         stream = torch.cuda.Stream(self.device)
@@ -261,15 +293,14 @@ class NvdecVideo:
             packet = demuxer.Demux()
             end = packet.bsl == 0  # the last Decode call, which flushes the decoder
             if not end:
-                if segment < 0 or (self._decoders > 1 and packet.key and starts_with_idr(
+                if segment < 0 or (packet.key and starts_with_idr(
                         ctypes.string_at(packet.bsl_data, min(packet.bsl, _IDR_BYTES_READ)), hevc)):
                     segment += 1  # segment 0 starts at the first packet, whatever it is
                 if segment % self._decoders != worker:
                     continue
-                if self._decoders > 1:  # a frame's segment is its packet's, told by the timestamp
-                    if packet.pts in segment_of_pts:
-                        raise SegmentOrderError(f"two packets with timestamp {packet.pts}: frames not told apart")
-                    segment_of_pts[packet.pts] = segment
+                if packet.pts in segment_of_pts:  # a frame's segment is its packet's, told by the timestamp
+                    raise SegmentOrderError(f"two packets with timestamp {packet.pts}: frames not told apart")
+                segment_of_pts[packet.pts] = segment
             elif decoder is None:
                 return segment + 1  # no segment of this worker's
             if decoder is None:
@@ -277,34 +308,37 @@ class NvdecVideo:
                                                      cudacontext=0, cudastream=stream.cuda_stream,
                                                      usedevicememory=True)
             for frame in decoder.Decode(packet):
-                if self._decoders == 1:
-                    frame_segment = 0
-                else:
-                    frame_segment = segment_of_pts.pop(frame.getPTS(), None)
-                    if frame_segment is None:
-                        raise SegmentOrderError(f"a frame with timestamp {frame.getPTS()} of no packet decoded here")
+                frame_segment = segment_of_pts.pop(frame.getPTS(), None)
+                if frame_segment is None:
+                    raise SegmentOrderError(f"a frame with timestamp {frame.getPTS()} of no packet decoded here")
                 # The host copy is waited for: Decode may reuse the frame's buffer from the next call on.
-                bgr, image = self._to_bgr(frame, stream)
+                [(bgr, image)] = self._to_bgr([frame], stream)
                 if not emit(frame_segment, NvdecFrame(bgr, image, stream)):
                     return None
             if end:
                 return segment + 1
 
-    def _to_bgr(self, frame, stream: torch.cuda.Stream) -> tuple[torch.Tensor, np.ndarray]:
-        """``frame`` (NV12 in the decoder's buffer) converted to a BGR tensor of its own on ``stream``, and that
-        copied to pinned host memory; both done on return."""
+    def _to_bgr(self, frames: list, stream: torch.cuda.Stream) -> list[tuple[torch.Tensor, np.ndarray]]:
+        """``frames`` (NV12 in the decoder's buffers) converted to BGR on ``stream`` and copied to pinned host memory
+        in one transfer: per frame its (H, W, 3) tensor and host array (views of the batch's two buffers); both done
+        on return, so the decoder may reuse its buffers."""
         with torch.cuda.device(self.device), torch.cuda.stream(stream):
-            buffer = torch.from_dlpack(frame)
-            height, width = self.tags.height, self.tags.width
-            chroma_rows, chroma_bytes = (height + 1) // 2, 2 * ((width + 1) // 2)
-            if (buffer.dtype != torch.uint8 or buffer.dim() != 2 or buffer.shape[0] != height + chroma_rows
-                    or buffer.shape[1] < chroma_bytes or buffer.device != self.device):
-                raise NvdecLayoutError(
-                    f"PyNvVideoCodec gave a frame of shape {tuple(buffer.shape)}, strides {buffer.stride()}, "
-                    f"{buffer.dtype} on {buffer.device}, not the NV12 buffer ({height + chroma_rows}, >= "
-                    f"{chroma_bytes}) uint8 on {self.device} of a {width}x{height} stream")
-            bgr = nv12_to_bgr(buffer[:height, :width], buffer[height:, :chroma_bytes], *self._conversion)
+            bgr = torch.stack([self._frame_to_bgr(frame) for frame in frames])
             host = torch.empty(bgr.shape, dtype=torch.uint8, pin_memory=True)
             host.copy_(bgr, non_blocking=True)
         stream.synchronize()
-        return bgr, host.numpy()
+        return list(zip(bgr.unbind(0), host.numpy()))
+
+    def _frame_to_bgr(self, frame) -> torch.Tensor:
+        """One NV12 frame converted to BGR on the current stream; :class:`NvdecLayoutError` where it is not the
+        NV12 buffer of this stream's size."""
+        buffer = torch.from_dlpack(frame)
+        height, width = self.tags.height, self.tags.width
+        chroma_rows, chroma_bytes = (height + 1) // 2, 2 * ((width + 1) // 2)
+        if (buffer.dtype != torch.uint8 or buffer.dim() != 2 or buffer.shape[0] != height + chroma_rows
+                or buffer.shape[1] < chroma_bytes or buffer.device != self.device):
+            raise NvdecLayoutError(
+                f"PyNvVideoCodec gave a frame of shape {tuple(buffer.shape)}, strides {buffer.stride()}, "
+                f"{buffer.dtype} on {buffer.device}, not the NV12 buffer ({height + chroma_rows}, >= "
+                f"{chroma_bytes}) uint8 on {self.device} of a {width}x{height} stream")
+        return nv12_to_bgr(buffer[:height, :width], buffer[height:, :chroma_bytes], *self._conversion)
