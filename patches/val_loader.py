@@ -5,8 +5,8 @@ each making whole batches: decode (``imread``), resize (``load_image``), ``Lette
 shape, ``Format``, then the dataset's ``collate_fn``. The first batch waits for one worker to read its images one
 after the other, and each worker is a fork of the validating process. The patched method builds stock's loader (the
 dataset, its rectangular batch shapes and its sampler; no worker starts until a loader is iterated) and returns a
-:class:`ValLoader` over the same dataset and batches: each ``dataset[i]`` on the file sources' decoder threads
-(:mod:`yolo_fastdetect.sources`), collated by the dataset's own ``collate_fn`` on one more thread, the image tensor
+:class:`ValLoader` over the same dataset and batches: each ``dataset[i]`` on a pool of threads (:func:`val_threads`:
+at most 8 unless ``YOLO_FASTDETECT_DECODE_THREADS`` is set), collated by the dataset's own ``collate_fn`` on one more thread, the image tensor
 copied into pinned memory there, so that ``preprocess``'s copy to the GPU is asynchronous. The same code makes every
 sample, so the batches are stock's, field for field.
 
@@ -17,15 +17,41 @@ for plain detection from a ``YOLODataset`` without augmentation or image cache, 
 
 from __future__ import annotations
 
+import os
+
 from torch.utils.data import BatchSampler, SequentialSampler
 from ultralytics.data.dataset import YOLODataset
 from ultralytics.models.yolo.detect import DetectionValidator
 
 from yolo_fastdetect import config
-from yolo_fastdetect.sources import DECODER_NICE_VARIABLE, SOURCES_VARIABLE, decode_threads, read_ahead
+from yolo_fastdetect.sources import (
+    DECODER_NICE_VARIABLE,
+    SOURCES_VARIABLE,
+    THREADS_VARIABLE,
+    decode_threads,
+    read_ahead,
+)
 from yolo_fastdetect.sources.dataset_batches import DatasetBatches
 
 from ._patching import Patch, Replacement, parameters, require
+
+# Threads reading the set unless YOLO_FASTDETECT_DECODE_THREADS is set. The samples' own Python holds the GIL, so
+# past a point more threads only contend: on the 16-core H100 host the loader alone gave the first batch of 32 in
+# 36-46 ms with 8 threads against 90-114 ms with 15 (docs/design.md, Validation).
+DEFAULT_VAL_THREADS = 8
+
+
+def val_threads() -> int:
+    """Threads reading ``model.val``'s set: ``YOLO_FASTDETECT_DECODE_THREADS`` where set, else the file sources'
+    default (cores - 1) and at most :data:`DEFAULT_VAL_THREADS`.
+
+    Examples:
+        >>> 1 <= val_threads() <= DEFAULT_VAL_THREADS  # with the variable unset
+        True
+    """
+    if os.environ.get(THREADS_VARIABLE):
+        return decode_threads()
+    return min(decode_threads(), DEFAULT_VAL_THREADS)
 
 
 class ValLoader(DatasetBatches):
@@ -65,7 +91,7 @@ def get_dataloader(self: DetectionValidator, dataset_path: str, batch_size: int)
     if not fast_loader_applies(self, loader):
         return loader
     nice = config.get(DECODER_NICE_VARIABLE)
-    return ValLoader(loader, threads=decode_threads(), read_ahead=read_ahead(), pin_key="img", lower_priority=nice)
+    return ValLoader(loader, threads=val_threads(), read_ahead=read_ahead(), pin_key="img", lower_priority=nice)
 
 
 def _plan() -> list[Replacement]:

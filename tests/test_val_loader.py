@@ -3,6 +3,7 @@ field for field, on non-square images in rectangular batches; where it applies; 
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -113,6 +114,19 @@ def test_the_patch_reads_where_stock_would_use_workers_on_a_gpu(tmp_path, genera
     assert not val_loader.fast_loader_applies(gpu, augmented)
     monkeypatch.setenv("YOLO_FASTDETECT_SOURCES", "0")
     assert not isinstance(val_loader.get_dataloader(gpu, gpu.data["val"], BATCH), val_loader.ValLoader)
+
+
+@pytest.mark.parametrize(("cores", "variable", "expected"), [
+    (16, None, 8), (4, None, 3), (1, None, 1), (16, "12", 12), (4, "6", 6),
+])
+def test_val_threads_default_to_at_most_eight_unless_set(tmp_path, generator, monkeypatch, cores, variable, expected):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    monkeypatch.delenv("YOLO_FASTDETECT_DECODE_THREADS", raising=False)
+    if variable is not None:
+        monkeypatch.setenv("YOLO_FASTDETECT_DECODE_THREADS", variable)
+    assert val_loader.val_threads() == expected
+    gpu = validator_for(write_set(tmp_path / "set", generator), "cuda")
+    assert val_loader.get_dataloader(gpu, gpu.data["val"], BATCH).threads == expected
 
 
 def decoder_threads() -> list[threading.Thread]:

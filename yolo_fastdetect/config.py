@@ -111,7 +111,7 @@ _DECLARED = [
              "`0`: Ultralytics' own loaders for every source and for `model.val` (read as a loader is made, as are "
              "the eight below)"),
     Variable("YOLO_FASTDETECT_DECODE_THREADS", INTEGER, _decoder_threads, "CPU cores - 1",
-             "decoder threads of a file source (and of `model.val`'s set)", minimum=1),
+             "decoder threads of a file source (and of `model.val`'s set, by default at most 8)", minimum=1),
     Variable("YOLO_FASTDETECT_READ_AHEAD", INTEGER, 2, "2",
              "batches decoded ahead of the predictor", minimum=1),
     Variable("YOLO_FASTDETECT_LIST_OPENCV", SWITCH, True, "1",
