@@ -435,11 +435,14 @@ def machine(record: dict) -> str:
     return ", ".join(part for part in parts if part)
 
 
-def table(rows: list[dict], columns) -> list[str]:
+def table(rows: list[dict], columns, tagged: bool = False) -> list[str]:
+    """The rows as a markdown table; ``tagged``: each run not on :data:`DEFAULT_MACHINE` names its GPU (a table of
+    rows from several machines)."""
     headers = [header for header, _ in columns] + ["run"]
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for record in rows:
-        lines.append("| " + " | ".join([get(record) for _, get in columns] + [run(record)]) + " |")
+        where = f", {record.get('gpu') or 'no GPU'}" if tagged and machine(record) != DEFAULT_MACHINE else ""
+        lines.append("| " + " | ".join([get(record) for _, get in columns] + [run(record) + where]) + " |")
     return lines
 
 
@@ -468,9 +471,10 @@ def render(records: list[dict]) -> str:
             )
             if not table_rows:
                 continue
-            machines = [text for text in dict.fromkeys(machine(row) for row in table_rows) if text != DEFAULT_MACHINE]
-            where = " " + "; ".join(machines) + "." if machines else ""
-            lines += textwrap.wrap(intro + where, 118) + [""] + table(table_rows, columns)
+            # One machine other than the default: the intro names it; several: each row's run names its GPU.
+            machines = list(dict.fromkeys(machine(row) for row in table_rows))
+            where = f" {machines[0]}." if machines != [DEFAULT_MACHINE] and len(machines) == 1 else ""
+            lines += textwrap.wrap(intro + where, 118) + [""] + table(table_rows, columns, len(machines) > 1)
             notes: dict[str, list[str]] = {}
             for row in table_rows:
                 if row.get("note"):

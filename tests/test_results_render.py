@@ -73,3 +73,16 @@ def test_the_video_table_shows_each_path_against_its_ceiling():
 def test_results_md_keeps_room_for_the_video_table():
     render = renderer()
     assert len(render.render(render.load() + video_records()).splitlines()) <= 250
+
+
+def test_a_table_from_several_machines_names_each_rows_gpu():
+    render = renderer()
+    mixed = video_records()
+    mixed[0]["gpu"] = "NVIDIA H100 80GB HBM3"
+    page = render.render(mixed)
+    assert "| yes / yes | 2026-12-06 c, NVIDIA H100 80GB HBM3 |" in page  # one_stream, on the H100
+    assert "| - / - | 2026-12-06 c |" in page  # live_latency, on the default machine: untagged
+    assert "to boxes, median / p95), medians of 3 passes after one; decode-only ceilings of the same run.\n" in page
+    # All on one other machine: the intro names it, the rows do not.
+    alone = render.render([{**record, "gpu": "NVIDIA H100 80GB HBM3"} for record in video_records()])
+    assert "NVIDIA H100 80GB HBM3, 16 CPU cores" in " ".join(alone.split()) and ", NVIDIA H100 80GB HBM3 |" not in alone
