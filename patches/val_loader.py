@@ -6,9 +6,9 @@ shape, ``Format``, then the dataset's ``collate_fn``. The first batch waits for 
 after the other, and each worker is a fork of the validating process. The patched method builds stock's loader (the
 dataset, its rectangular batch shapes and its sampler; no worker starts until a loader is iterated) and returns a
 :class:`ValLoader` over the same dataset and batches: each ``dataset[i]`` on a pool of threads (:func:`val_threads`:
-at most 8 unless ``YOLO_FASTDETECT_DECODE_THREADS`` is set), collated by the dataset's own ``collate_fn`` on one more thread, the image tensor
-copied into pinned memory there, so that ``preprocess``'s copy to the GPU is asynchronous. The same code makes every
-sample, so the batches are stock's, field for field.
+at most 8 unless ``YOLO_FASTDETECT_DECODE_THREADS`` is set), collated by the dataset's own ``collate_fn`` on one
+more thread, the image tensor copied into pinned memory there, so that ``preprocess``'s copy to the GPU is
+asynchronous. The same code makes every sample, so the batches are stock's, field for field.
 
 It applies where stock would read with worker processes on a GPU (``workers`` > 0, which stock sets to 0 on a CPU)
 for plain detection from a ``YOLODataset`` without augmentation or image cache, batched in order; otherwise, and with
