@@ -115,6 +115,19 @@ def test_reason_without_the_package_or_a_gpu(fake_pynvvideocodec, tmp_path, monk
     assert nvdec.nvdec_unavailable_reason(path) == "no CUDA device"
 
 
+def test_the_check_hands_over_the_probed_tags(fake_pynvvideocodec, tmp_path, monkeypatch):
+    fake_pynvvideocodec(types.ModuleType("PyNvVideoCodec"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(nvdec._ext, "has_cuda_kernels", lambda: True)
+    h264 = str(write_camera_clip(tmp_path / "clip.mp4", 2, "96x64"))
+    assert nvdec.nvdec_tags_or_reason(h264) == nvdec.probe_stream(h264) == nvdec.StreamTags(
+        "h264", 96, 64, "yuv420p", 6, 1, 6, 6)
+    assert nvdec.nvdec_unavailable_reason(h264) is None
+    mpeg4 = str(write_opencv(tmp_path / "clip.avi", 2, 96, 64))
+    assert nvdec.nvdec_tags_or_reason(mpeg4) == nvdec.nvdec_unavailable_reason(mpeg4) == (
+        "codec mpeg4 is not H.264 or HEVC")
+
+
 def test_reason_where_the_package_does_not_load(fake_pynvvideocodec, monkeypatch):
     import builtins
 
@@ -194,11 +207,11 @@ class StandInDecoder:
     error after ``fail_after`` frames when set."""
 
     fail_after: int | None = None
-    opened: list[str] = []
+    opened: list[tuple[str, nvdec.StreamTags]] = []
 
-    def __init__(self, path: str, device, decoders: int):
+    def __init__(self, path: str, device, tags: nvdec.StreamTags, decoders: int):
         self._frames = cv2_frames(Path(path))
-        StandInDecoder.opened.append(path)
+        StandInDecoder.opened.append((path, tags))
 
     def __enter__(self):
         return self
@@ -245,7 +258,8 @@ def assert_same_items(ours: list, stock: list) -> None:
 @pytest.mark.parametrize("fail_after", [None, 0, 4])
 def test_reader_with_nvdec_gives_stock_frames_counters_and_end(tmp_path, monkeypatch, vid_stride, fail_after):
     path = str(write_camera_clip(tmp_path / "clip.mp4", 7, "96x64"))
-    monkeypatch.setattr(video_module, "nvdec_unavailable_reason", lambda path: None)
+    probed = nvdec.StreamTags(*BT709_LIMITED)
+    monkeypatch.setattr(video_module, "nvdec_tags_or_reason", lambda path: probed)
     monkeypatch.setattr(video_module, "NvdecVideo", StandInDecoder)
     monkeypatch.setattr(StandInDecoder, "fail_after", fail_after)
     monkeypatch.setattr(StandInDecoder, "opened", [])
@@ -255,7 +269,7 @@ def test_reader_with_nvdec_gives_stock_frames_counters_and_end(tmp_path, monkeyp
     with captured_log() as lines:
         ours = read_all(VideoReader([path], vid_stride, gray=False, capacity=2, gpu_frames=gpu_frames))
     assert_same_items(ours, stock)
-    assert StandInDecoder.opened == [path]
+    assert StandInDecoder.opened == [(path, probed)]  # the tags of the check: the stream is probed once
     given = 7 // vid_stride if fail_after is None else fail_after // vid_stride  # frames before the failure
     assert len(held) == given and all(np.array_equal(image, bgr.numpy()) for image, bgr in held)
     assert all(image is bgr_image for (image, _), (bgr_image, _) in zip(held, ours[1:]))  # the frames' host copies

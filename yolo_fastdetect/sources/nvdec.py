@@ -38,8 +38,8 @@ from .. import _ext
 from ..ops.video_color import nv12_to_bgr, opencv_conversion
 from .gop_segments import InOrderSegments, SegmentOrderError, starts_with_idr
 
-__all__ = ["NvdecFrame", "NvdecLayoutError", "NvdecVideo", "StreamTags", "nvdec_unavailable_reason", "package_problem",
-           "probe_stream", "stream_reason"]
+__all__ = ["NvdecFrame", "NvdecLayoutError", "NvdecVideo", "StreamTags", "nvdec_tags_or_reason",
+           "nvdec_unavailable_reason", "package_problem", "probe_stream", "stream_reason"]
 
 # FFmpeg's codec names of the streams decoded here (NVDEC decodes others, not checked against cv2).
 NVDEC_CODECS = ("h264", "hevc")
@@ -158,15 +158,9 @@ def stream_reason(tags: StreamTags, opencv_version: str | None = None) -> str | 
     return None
 
 
-def nvdec_unavailable_reason(path: str) -> str | None:
-    """Why :class:`NvdecVideo` would not give ``cv2.VideoCapture``'s frames of ``path``, one line; None where it does
-    (PyNvVideoCodec and PyAV load, a CUDA device and the CUDA operators are there, and the stream is H.264 or HEVC,
-    8-bit 4:2:0, of even height, with colour tags OpenCV converts with a plain matrix).
-
-    Examples:
-        >>> nvdec_unavailable_reason("clip.mp4")  # doctest: +SKIP
-        'PyNvVideoCodec is not installed (pip install \\'yolo-fastdetect[video]\\')'
-    """
+def nvdec_tags_or_reason(path: str) -> StreamTags | str:
+    """``path``'s :class:`StreamTags` where :class:`NvdecVideo` gives ``cv2.VideoCapture``'s frames of it (hand them
+    to it: the probe decodes a frame); otherwise why not, one line (see :func:`nvdec_unavailable_reason`)."""
     problem = package_problem()
     if problem is not None:
         return problem
@@ -180,7 +174,20 @@ def nvdec_unavailable_reason(path: str) -> str | None:
         return "PyAV is not installed (pip install 'yolo-fastdetect[video]')"
     if tags is None:
         return "PyAV decodes no frame of it"
-    return stream_reason(tags)
+    return stream_reason(tags) or tags
+
+
+def nvdec_unavailable_reason(path: str) -> str | None:
+    """Why :class:`NvdecVideo` would not give ``cv2.VideoCapture``'s frames of ``path``, one line; None where it does
+    (PyNvVideoCodec and PyAV load, a CUDA device and the CUDA operators are there, and the stream is H.264 or HEVC,
+    8-bit 4:2:0, of even height, with colour tags OpenCV converts with a plain matrix).
+
+    Examples:
+        >>> nvdec_unavailable_reason("clip.mp4")  # doctest: +SKIP
+        'PyNvVideoCodec is not installed (pip install \'yolo-fastdetect[video]\')'
+    """
+    outcome = nvdec_tags_or_reason(path)
+    return outcome if isinstance(outcome, str) else None
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from ultralytics.utils import LOGGER
 
 from .. import config
 from .handoff import drain, get_from, put_unless_stopped
-from .nvdec import NvdecLayoutError, NvdecVideo, nvdec_unavailable_reason
+from .nvdec import NvdecLayoutError, NvdecVideo, nvdec_tags_or_reason
 from .upload import Upload, Uploads
 
 
@@ -59,13 +59,13 @@ def _read_nvdec(path: str, vid_stride: int, count: int, gpu_frames: Uploads, dec
     """Read ``path`` with NVDEC (``decoders`` at once), by stock's rules, where it gives cv2's frames: True or False
     as :func:`_read_one` returns; otherwise the number of frames read (0 where NVDEC does not apply), from which cv2
     reads on."""
-    reason = nvdec_unavailable_reason(path)
-    if reason is not None:
-        LOGGER.info(f"yolo_fastdetect: {path} decodes on the CPU, not with NVDEC: {reason}")
+    tags = nvdec_tags_or_reason(path)
+    if isinstance(tags, str):
+        LOGGER.info(f"yolo_fastdetect: {path} decodes on the CPU, not with NVDEC: {tags}")
         return 0
     frame = decoded = 0
     try:
-        with NvdecVideo(path, gpu_frames.device, decoders=decoders) as video:
+        with NvdecVideo(path, gpu_frames.device, tags=tags, decoders=decoders) as video:
             for nvdec_frame in video:
                 decoded += 1
                 if decoded % vid_stride:  # stock grabs vid_stride frames and retrieves the last
