@@ -142,19 +142,25 @@ def render(records: list[dict], rows: list[Row] = ROWS) -> str:
         '|---|---|---|'
     """
     latest = current(records)
-    lines, shown = [], []
+    shown: list[tuple[Row, list[dict]]] = []
     for row in rows:
         found = [find(latest, key) for key in row.records]
         if None in found:
             missing = [key for key, r in zip(row.records, found) if r is None]
             print(f"README speed table: no record {missing}: row {row.what!r} left out", file=sys.stderr)
             continue
-        lines.append(f"| {row.what} | {row.stock(found)} | {row.ours(found)} |")
-        shown += found
-    gpus = " / ".join(dict.fromkeys(r.get("gpu") or "no GPU" for r in shown))
-    releases = " / ".join(dict.fromkeys(str(r.get("ultralytics")) for r in shown))
+        shown.append((row, found))
+    # The header names the GPU of most records; a row measured on another names its own.
+    gpus = [r.get("gpu") or "no GPU" for _, found in shown for r in found]
+    gpu = max(dict.fromkeys(gpus), key=gpus.count, default="no GPU")
+    lines = []
+    for row, found in shown:
+        others = [g for g in dict.fromkeys(r.get("gpu") or "no GPU" for r in found) if g != gpu]
+        where = f" ({', '.join(others)})" if others else ""
+        lines.append(f"| {row.what}{where} | {row.stock(found)} | {row.ours(found)} |")
+    releases = " / ".join(dict.fromkeys(str(r.get("ultralytics")) for _, found in shown for r in found))
     header = (
-        f"| {gpus}, fp16 unless noted, both in one process ([runs](benchmarks/RESULTS.md)) "
+        f"| {gpu}, fp16 unless noted, both in one process ([runs](benchmarks/RESULTS.md)) "
         f"| stock Ultralytics {releases} | yolo_fastdetect |"
     )
     return "\n".join([header, "|---|---|---|"] + lines)

@@ -77,3 +77,12 @@ def test_the_markers_must_be_there_once(render_readme):
     text = f"before\n{begin}\nold\n{end}\nafter\n"
     assert render_readme.replace_block(text, "new") == f"before\n{begin}\nnew\n{end}\nafter\n"
 
+
+
+def test_a_row_measured_on_another_gpu_names_it(render_readme):
+    records = [{**r, "gpu": "GPU B" if r["benchmark"] == "e2e" else "GPU A"} for r in render_readme.load()]
+    header, _, *rows = render_readme.render(records).splitlines()
+    assert header.startswith("| GPU A, fp16 unless noted")
+    e2e = [row for row in rows if "(GPU B)" in row]
+    assert len(e2e) == 2 and "`model.predict` per image" in e2e[0] and "`compile=True`" in e2e[1]
+    assert not any("(GPU A)" in row for row in rows)
