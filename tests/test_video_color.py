@@ -234,6 +234,27 @@ def test_matches_reference_on_random_planes(generator, height, width, pitch):
             assert np.array_equal(nv12.numpy(), expected)
 
 
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("frames, height, width, pitch", [(1, 5, 7, 0), (3, 37, 130, 3), (4, 48, 64, 64), (2, 1, 1, 0)])
+def test_a_batch_of_frames_converts_as_each_frame_alone(generator, device, frames, height, width, pitch):
+    """N frames in one call (an NVDEC fetch: each surface pitched, the UV plane after its luma, stacked) give the
+    frames one call each gives."""
+    chroma_height, chroma_width = (height + 1) // 2, (width + 1) // 2
+    shape = (frames, height + chroma_height, 2 * chroma_width + pitch + 1)  # a column more: rows start off-grid
+    surfaces = torch.randint(0, 256, shape, generator=generator, dtype=torch.uint8).to(device)[..., 1:]
+    luma, chroma = surfaces[:, :height, :width], surfaces[:, height:, : 2 * chroma_width]
+    for colorspace, full_range in ((1, False), (6, True)):
+        batch = nv12_to_bgr(luma, chroma, colorspace, full_range)
+        assert batch.shape == (frames, height, width, 3) and batch.is_contiguous() and batch.device == luma.device
+        for index in range(frames):
+            assert torch.equal(batch[index], nv12_to_bgr(luma[index], chroma[index], colorspace, full_range)), index
+        planar = i420_to_bgr(luma, chroma[..., 0::2], chroma[..., 1::2], colorspace, full_range)
+        assert torch.equal(planar, batch)
+    expected = yuv420_to_bgr_reference(luma[-1].cpu().numpy(), chroma[-1, :, 0::2].cpu().numpy(),
+                                       chroma[-1, :, 1::2].cpu().numpy(), 6, True)
+    assert np.array_equal(batch[-1].cpu().numpy(), expected)
+
+
 def test_known_values():
     """BT.601 limited-range black, white and saturated primaries, worked by hand from swscale's constants. Red
     (Y, U, V) = (81, 90, 240): y' = ((8 * 81 - 128) * 9539) >> 16 = 75, v = 8 * 240 - 1024 = 896,
@@ -259,8 +280,12 @@ def test_bad_arguments():
         i420_to_bgr(luma.float(), chroma, chroma)
     with pytest.raises(TypeError, match="chroma_v must be uint8"):
         i420_to_bgr(luma, chroma, chroma.short())
-    with pytest.raises(ValueError, match="luma must be 2-D"):
+    with pytest.raises(ValueError, match="chroma_u and chroma_v must have the luma's dimensions"):
         i420_to_bgr(luma[None], chroma, chroma)
+    with pytest.raises(ValueError, match="chroma_u and chroma_v must have the luma's dimensions and frames"):
+        i420_to_bgr(luma.expand(3, 4, 6), chroma.expand(3, 2, 3), chroma.expand(2, 2, 3))
+    with pytest.raises(ValueError, match=r"luma must be 2-D \(rows, columns\) or 3-D"):
+        i420_to_bgr(luma[None, None], chroma[None, None], chroma[None, None])
     with pytest.raises(ValueError, match=r"chroma_u must be \[2, 3\]"):
         i420_to_bgr(luma, torch.zeros(2, 2, dtype=torch.uint8), chroma)
     with pytest.raises(ValueError, match=r"chroma_v must be \[3, 4\]"):
@@ -271,6 +296,14 @@ def test_bad_arguments():
         nv12_to_bgr(luma, torch.zeros(2, 5, dtype=torch.uint8))
     with pytest.raises(ValueError, match="chroma must hold"):
         nv12_to_bgr(luma, torch.zeros(3, 3, 2, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="chroma must be"):  # frames of chroma without frames of luma
+        nv12_to_bgr(luma, torch.zeros(2, 2, 3, 2, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="chroma must be"):  # another number of frames
+        nv12_to_bgr(luma.expand(3, 4, 6), torch.zeros(2, 2, 6, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="luma must be"):
+        nv12_to_bgr(luma[None, None], torch.zeros(1, 1, 2, 6, dtype=torch.uint8))
+    with pytest.raises(TypeError, match="luma must be a uint8 tensor, got ndarray"):
+        nv12_to_bgr(luma.numpy(), torch.zeros(2, 6, dtype=torch.uint8))
     for colorspace in (3, 8, 10, -1, True, "bt709"):
         with pytest.raises(ValueError, match="colorspace"):
             i420_to_bgr(luma, chroma, chroma, colorspace)
@@ -284,7 +317,9 @@ def test_bad_arguments():
 @pytest.mark.parametrize("device", devices())
 def test_opcheck(generator, device):
     luma, chroma_u, chroma_v = (plane.to(device) for plane in random_planes(generator, 9, 14, 2))
-    for args in ((luma, chroma_u, chroma_v), (luma[:0], chroma_u[:0], chroma_v[:0])):
+    batch = [plane.expand(3, *plane.shape) for plane in (luma, chroma_u, chroma_v)]
+    for args in ((luma, chroma_u, chroma_v), (luma[:0], chroma_u[:0], chroma_v[:0]), batch,
+                 [plane[:0] for plane in batch]):
         torch.library.opcheck(torch.ops.yolo_fastdetect.yuv420_to_bgr.default,
                               (*args, list(swscale_coefficients(1))))
 

@@ -34,8 +34,13 @@ struct Coefficients {
   int32_t u2b;
 };
 
-// Element strides of the three planes and the frame size. Chroma plane (r, c) serves pixels (2r..2r+1, 2c..2c+1).
+// The frames' count and size, and the element strides of the three planes (between frames: 0 for a single frame).
+// Chroma plane (r, c) serves pixels (2r..2r+1, 2c..2c+1).
 struct PlaneLayout {
+  int64_t frames;
+  int64_t luma_frame_stride;
+  int64_t u_frame_stride;
+  int64_t v_frame_stride;
   int64_t height;
   int64_t width;
   int64_t luma_row_stride;
@@ -71,10 +76,14 @@ YFD_HOST_DEVICE void convert_pixel(const uint8_t* luma, const uint8_t* u, const 
              v[chroma_row * layout.v_row_stride + chroma_column * layout.v_column_stride], k, out_pixel);
 }
 
-// Checks the planes and coefficients (names in the messages are the operator's arguments) and returns the layout
-// and coefficients; shared by the CPU and CUDA launchers (video_color_cpu.cpp).
+// Checks the planes (each 2-D (rows, columns), or all 3-D (frames, rows, columns)) and coefficients (names in the
+// messages are the operator's arguments) and returns the layout and coefficients; shared by the CPU and CUDA
+// launchers (video_color_cpu.cpp).
 PlaneLayout check_yuv420_to_bgr_args(const at::Tensor& luma, const at::Tensor& chroma_u, const at::Tensor& chroma_v,
                                      c10::IntArrayRef coefficients, Coefficients& k);
+
+// The operator's output for `layout`: (H, W, 3) for 2-D planes, (frames, H, W, 3) for 3-D ones.
+at::Tensor empty_bgr(const at::Tensor& luma, const PlaneLayout& layout);
 
 }  // namespace video_color
 }  // namespace yolo_fastdetect

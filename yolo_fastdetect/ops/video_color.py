@@ -194,19 +194,19 @@ def _convert(luma: torch.Tensor, chroma_u: torch.Tensor, chroma_v: torch.Tensor,
 
 def nv12_to_bgr(luma: torch.Tensor, chroma: torch.Tensor, colorspace: int = 2,
                 full_range: bool = False) -> torch.Tensor:
-    """An NV12 frame (NVDEC's output for 8-bit 4:2:0) to BGR as ``cv2.VideoCapture`` gives it, on the planes'
-    device.
+    """An NV12 frame (NVDEC's output for 8-bit 4:2:0), or a batch of them, to BGR as ``cv2.VideoCapture`` gives it,
+    on the planes' device, in one call.
 
     Args:
-        luma (torch.Tensor): (H, W) uint8 Y plane; any strides, e.g. ``surface[:height, :width]`` of a pitched
-            NVDEC surface.
+        luma (torch.Tensor): (H, W) uint8 Y plane, or (N, H, W) for N frames; any strides, e.g.
+            ``surface[:height, :width]`` of a pitched NVDEC surface.
         chroma (torch.Tensor): The interleaved UV plane, uint8: (ceil(H / 2), ceil(W / 2), 2), or its rows as
-            (ceil(H / 2), 2 * ceil(W / 2)) bytes (U first); any row stride.
+            (ceil(H / 2), 2 * ceil(W / 2)) bytes (U first), with the luma's leading N; any row stride.
         colorspace (int): The stream's AVColorSpace (1 BT.709, 2 unspecified, 5 / 6 BT.601, ...).
         full_range (bool): Full-range samples (``color_range == 2``, or a ``yuvj`` format).
 
     Returns:
-        (torch.Tensor): (H, W, 3) uint8 BGR, contiguous.
+        (torch.Tensor): (H, W, 3) or (N, H, W, 3) uint8 BGR, contiguous.
 
     Raises:
         TypeError: A plane is not uint8.
@@ -220,14 +220,20 @@ def nv12_to_bgr(luma: torch.Tensor, chroma: torch.Tensor, colorspace: int = 2,
     """
     if not isinstance(chroma, torch.Tensor) or chroma.dtype != torch.uint8:
         raise TypeError(f"nv12_to_bgr: chroma must be a uint8 tensor, got {getattr(chroma, 'dtype', type(chroma))}")
-    if chroma.dim() == 2 and chroma.shape[1] % 2 == 0:
-        chroma = chroma.unflatten(1, (-1, 2))
-    if chroma.dim() != 3 or chroma.shape[2] != 2:
-        raise ValueError(f"nv12_to_bgr: chroma must be (rows, columns, 2) or (rows, 2 * columns), got "
+    if not isinstance(luma, torch.Tensor):
+        raise TypeError(f"nv12_to_bgr: luma must be a uint8 tensor, got {type(luma).__name__}")
+    if luma.dim() not in (2, 3):
+        raise ValueError(f"nv12_to_bgr: luma must be (rows, columns) or (frames, rows, columns), got "
+                         f"{tuple(luma.shape)}")
+    if chroma.dim() == luma.dim() and chroma.shape[-1] % 2 == 0:
+        chroma = chroma.unflatten(-1, (-1, 2))
+    if chroma.dim() != luma.dim() + 1 or chroma.shape[-1] != 2 or chroma.shape[:-3] != luma.shape[:-2]:
+        raise ValueError(f"nv12_to_bgr: chroma must be ([frames,] rows, columns, 2) or ([frames,] rows, 2 * columns) "
+                         f"as the luma {tuple(luma.shape)}, got {tuple(chroma.shape)}")
+    pairs = ((luma.shape[-2] + 1) // 2, (luma.shape[-1] + 1) // 2)
+    if tuple(chroma.shape[-3:-1]) != pairs:
+        raise ValueError(f"nv12_to_bgr: chroma must hold {pairs} UV pairs for a luma of {tuple(luma.shape)}, got "
                          f"{tuple(chroma.shape)}")
-    if luma.dim() == 2 and tuple(chroma.shape[:2]) != ((luma.shape[0] + 1) // 2, (luma.shape[1] + 1) // 2):
-        raise ValueError(f"nv12_to_bgr: chroma must hold ({(luma.shape[0] + 1) // 2}, {(luma.shape[1] + 1) // 2}) "
-                         f"UV pairs for a luma of {tuple(luma.shape)}, got {tuple(chroma.shape)}")
     return _convert(luma, chroma[..., 0], chroma[..., 1], colorspace, full_range)
 
 
@@ -237,14 +243,15 @@ def i420_to_bgr(luma: torch.Tensor, chroma_u: torch.Tensor, chroma_v: torch.Tens
     as ``cv2.VideoCapture`` gives it, on the planes' device.
 
     Args:
-        luma (torch.Tensor): (H, W) uint8 Y plane, any strides.
-        chroma_u (torch.Tensor): (ceil(H / 2), ceil(W / 2)) uint8 U (Cb) plane, any strides.
+        luma (torch.Tensor): (H, W) uint8 Y plane, or (N, H, W) for N frames; any strides.
+        chroma_u (torch.Tensor): (ceil(H / 2), ceil(W / 2)) uint8 U (Cb) plane, with the luma's leading N; any
+            strides.
         chroma_v (torch.Tensor): The V (Cr) plane, of the same shape.
         colorspace (int): The stream's AVColorSpace (see :func:`nv12_to_bgr`).
         full_range (bool): Full-range samples.
 
     Returns:
-        (torch.Tensor): (H, W, 3) uint8 BGR, contiguous.
+        (torch.Tensor): (H, W, 3) or (N, H, W, 3) uint8 BGR, contiguous.
 
     Raises:
         TypeError: A plane is not uint8.
@@ -262,8 +269,8 @@ def i420_to_bgr(luma: torch.Tensor, chroma_u: torch.Tensor, chroma_v: torch.Tens
 
 
 def _yuv420_to_bgr_fake(luma, chroma_u, chroma_v, coefficients):
-    torch._check(luma.dim() == 2, lambda: "luma must be 2-D (rows, columns)")
-    return luma.new_empty((luma.shape[0], luma.shape[1], 3))
+    torch._check(luma.dim() in (2, 3), lambda: "luma must be 2-D (rows, columns) or 3-D (frames, rows, columns)")
+    return luma.new_empty((*luma.shape, 3))
 
 
 @on_load

@@ -326,19 +326,23 @@ class NvdecVideo:
                 return segment + 1
 
     def _to_bgr(self, frames: list, stream: torch.cuda.Stream) -> list[tuple[torch.Tensor, np.ndarray]]:
-        """``frames`` (NV12 in the decoder's buffers) converted to BGR on ``stream`` and copied to pinned host memory
-        in one transfer: per frame its (H, W, 3) tensor and host array (views of the batch's two buffers); both done
-        on return, so the decoder may reuse its buffers."""
+        """``frames`` (NV12 in the decoder's buffers) converted to BGR on ``stream`` in one launch and copied to
+        pinned host memory in one transfer: per frame its (H, W, 3) tensor and host array (views of the batch's two
+        buffers); both done on return, so the decoder may reuse its buffers. A batch costs a few calls that give up
+        the GIL, not a few per frame (docs/video_design.md)."""
+        height, width = self.tags.height, self.tags.width
         with torch.cuda.device(self.device), torch.cuda.stream(stream):
-            bgr = torch.stack([self._frame_to_bgr(frame) for frame in frames])
+            surfaces = torch.stack([self._nv12_buffer(frame) for frame in frames])
+            bgr = nv12_to_bgr(surfaces[:, :height, :width], surfaces[:, height:, : 2 * ((width + 1) // 2)],
+                              *self._conversion)
             host = torch.empty(bgr.shape, dtype=torch.uint8, pin_memory=True)
             host.copy_(bgr, non_blocking=True)
         stream.synchronize()
         return list(zip(bgr.unbind(0), host.numpy()))
 
-    def _frame_to_bgr(self, frame) -> torch.Tensor:
-        """One NV12 frame converted to BGR on the current stream; :class:`NvdecLayoutError` where it is not the
-        NV12 buffer of this stream's size."""
+    def _nv12_buffer(self, frame) -> torch.Tensor:
+        """One frame's (H + H / 2, >= W) uint8 NV12 buffer on the device, as DLPack exports it;
+        :class:`NvdecLayoutError` where it is not the NV12 buffer of this stream's size."""
         buffer = torch.from_dlpack(frame)
         height, width = self.tags.height, self.tags.width
         chroma_rows, chroma_bytes = (height + 1) // 2, 2 * ((width + 1) // 2)
@@ -348,4 +352,4 @@ class NvdecVideo:
                 f"PyNvVideoCodec gave a frame of shape {tuple(buffer.shape)}, strides {buffer.stride()}, "
                 f"{buffer.dtype} on {buffer.device}, not the NV12 buffer ({height + chroma_rows}, >= "
                 f"{chroma_bytes}) uint8 on {self.device} of a {width}x{height} stream")
-        return nv12_to_bgr(buffer[:height, :width], buffer[height:, :chroma_bytes], *self._conversion)
+        return buffer
