@@ -21,7 +21,7 @@ import torch
 
 from test_sources import assert_same_results, captured_log, model, restore_patch, stock_and_ours  # noqa: F401
 from test_sources_upload import taken  # noqa: F401
-from test_sources_videos import assert_same_frames, predict, stock_per_video, within
+from test_sources_videos import TIMEOUT_S, assert_same_frames, predict, stock_per_video, within
 from video_corpus import write_camera_clip, write_opencv
 from yolo_fastdetect.sources import VideoListLoader, nvdec
 from yolo_fastdetect.sources import video as video_module
@@ -366,6 +366,18 @@ def test_a_truncated_video_ends_as_stock(nvdec_ready, model, tmp_path):
     assert 0 < len(stock["results"]) < 12
     assert_same_results(stock["results"], ours["results"])
     assert ours["batches"] == stock["batches"]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("codec", ["h264", "hevc"])
+def test_garbage_after_a_video_ends_it_as_stock(nvdec_ready, model, tmp_path, codec):
+    """Random bytes after the container's end (a recording that a crash left unfinished): NVDEC's decoder reads the
+    stream to its end, without hanging, and gives stock's frames."""
+    path = write_camera_clip(tmp_path / "garbage.mp4", 12, "320x180", codec)
+    path.write_bytes(path.read_bytes() + np.random.default_rng(0).bytes(5000))
+    stock, ours = within(TIMEOUT_S, lambda: stock_and_ours(model, str(path), device="cuda"))
+    assert len(stock["results"]) == 12
+    assert_same_results(stock["results"], ours["results"])
 
 
 @pytest.mark.cuda
