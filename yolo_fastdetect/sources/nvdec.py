@@ -248,7 +248,8 @@ class NvdecVideo:
         self._path, self._module, self._decoders = path, module, decoders
         self._conversion = self.tags.conversion()
         frame_bytes = 2 * 3 * self.tags.width * self.tags.height  # the GPU copy and the host copy
-        self._ahead = 2 if decoders == 1 else min(AHEAD_FRAMES_MAX, max(2, AHEAD_BYTES // decoders // frame_bytes))
+        # Frames each of several decoders holds ahead of the consumer (one decoder is fetched from directly).
+        self._ahead = min(AHEAD_FRAMES_MAX, max(2, AHEAD_BYTES // decoders // frame_bytes))
         self._running: InOrderSegments | Iterator[NvdecFrame] | None = None
 
     def __enter__(self) -> NvdecVideo:
