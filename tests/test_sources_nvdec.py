@@ -14,7 +14,6 @@ import types
 from pathlib import Path
 from types import SimpleNamespace
 
-import cv2
 import numpy as np
 import pytest
 import torch
@@ -22,7 +21,7 @@ import torch
 from test_sources import assert_same_results, captured_log, model, restore_patch, stock_and_ours  # noqa: F401
 from test_sources_upload import taken  # noqa: F401
 from test_sources_videos import TIMEOUT_S, assert_same_frames, predict, stock_per_video, within
-from video_corpus import write_camera_clip, write_opencv
+from video_corpus import opencv_frames, write_camera_clip, write_opencv
 from yolo_fastdetect.sources import VideoListLoader, nvdec
 from yolo_fastdetect.sources import video as video_module
 from yolo_fastdetect.sources.video import VIDEO_END, VideoFrame, VideoReader, VideoStart
@@ -31,19 +30,6 @@ pytest.importorskip("av", reason="PyAV writes the H.264 / HEVC clips and reads t
 
 BT709_LIMITED = ("h264", 1280, 720, "yuv420p", 1, 1, 1, 1)
 NOT_INSTALLED = "PyNvVideoCodec is not installed (pip install 'yolo-fastdetect[video]')"
-
-
-def cv2_frames(path: Path) -> list[np.ndarray]:
-    """Every frame ``cv2.VideoCapture`` reads of ``path``: stock's frames."""
-    capture = cv2.VideoCapture(str(path))
-    frames = []
-    while True:
-        ok, image = capture.read()
-        if not ok:
-            break
-        frames.append(image)
-    capture.release()
-    return frames
 
 
 # Which streams NVDEC reads ---------------------------------------------------------------------------------------
@@ -210,7 +196,7 @@ class StandInDecoder:
     opened: list[tuple[str, nvdec.StreamTags]] = []
 
     def __init__(self, path: str, device, tags: nvdec.StreamTags, decoders: int):
-        self._frames = cv2_frames(Path(path))
+        self._frames = opencv_frames(Path(path))
         StandInDecoder.opened.append((path, tags))
 
     def __enter__(self):
@@ -302,7 +288,7 @@ def nvdec_ready(monkeypatch):
 
 
 def assert_frames_equal_cv2s(path: Path, decoders: int) -> None:
-    stock = cv2_frames(path)
+    stock = opencv_frames(path)
     with nvdec.NvdecVideo(str(path), torch.device("cuda", 0), decoders=decoders) as video:
         ours = list(video)
     assert len(ours) == len(stock), f"NVDEC gave {len(ours)} frames, cv2 {len(stock)}"

@@ -16,7 +16,7 @@ import torch
 
 import video_corpus
 from conftest import devices
-from video_corpus import write_camera_clip, write_clip, write_opencv
+from video_corpus import opencv_frames, write_camera_clip, write_clip, write_opencv
 from yolo_fastdetect import _ext
 from yolo_fastdetect.ops import (
     i420_to_bgr,
@@ -47,18 +47,6 @@ def decoded_frames(path: Path) -> list[tuple[list[np.ndarray], dict]]:
                           "color_range": int(frame.color_range), "color_primaries": int(frame.color_primaries),
                           "color_trc": int(frame.color_trc), "pixel_format": frame.format.name}
             frames.append((planes, properties))
-    return frames
-
-
-def opencv_frames(path: Path) -> list[np.ndarray]:
-    """Every frame ``cv2.VideoCapture`` reads from the clip (stock Ultralytics' video reader)."""
-    capture, frames = cv2.VideoCapture(str(path)), []
-    while True:
-        ok, image = capture.read()
-        if not ok:
-            break
-        frames.append(image)
-    capture.release()
     return frames
 
 

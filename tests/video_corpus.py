@@ -36,6 +36,18 @@ def panning_frames(frames: int, width: int, height: int, start: int = 0) -> list
     return [np.ascontiguousarray(strip[:, shift : shift + width]) for shift in shifts]
 
 
+def opencv_frames(path: Path) -> list[np.ndarray]:
+    """Every frame ``cv2.VideoCapture`` reads of ``path``: stock Ultralytics' frames of a video."""
+    capture, frames = cv2.VideoCapture(str(path)), []
+    while True:
+        ok, image = capture.read()
+        if not ok:
+            break
+        frames.append(image)
+    capture.release()
+    return frames
+
+
 def write_opencv(path: Path, frames: int, width: int, height: int, fourcc: str = "mp4v", start: int = 0,
                  fps: float = 10) -> Path:
     """A clip written by ``cv2.VideoWriter`` (``mp4v`` in .mp4, ``MJPG`` in .avi)."""
