@@ -8,7 +8,8 @@ dataset, its rectangular batch shapes and its sampler; no worker starts until a 
 :class:`ValLoader` over the same dataset and batches: each ``dataset[i]`` on a pool of threads (:func:`val_threads`:
 at most 8 unless ``YOLO_FASTDETECT_DECODE_THREADS`` is set), collated by the dataset's own ``collate_fn`` on one
 more thread, the image tensor copied into pinned memory there, so that ``preprocess``'s copy to the GPU is
-asynchronous. The same code makes every sample, so the batches are stock's, field for field.
+asynchronous. The same code makes every sample, so the batches are stock's, field for field. The threads start when
+the loader is made: the validator warms the model up before it asks for the first batch.
 
 It applies where stock would read with worker processes on a GPU (``workers`` > 0, which stock sets to 0 on a CPU)
 for plain detection from a ``YOLODataset`` without augmentation or image cache, batched in order; otherwise, and with
@@ -91,7 +92,9 @@ def get_dataloader(self: DetectionValidator, dataset_path: str, batch_size: int)
     if not fast_loader_applies(self, loader):
         return loader
     nice = config.get(DECODER_NICE_VARIABLE)
-    return ValLoader(loader, threads=val_threads(), read_ahead=read_ahead(), pin_key="img", lower_priority=nice)
+    fast = ValLoader(loader, threads=val_threads(), read_ahead=read_ahead(), pin_key="img", lower_priority=nice)
+    fast.start()  # the validator warms the model up between making its loader and reading it: read meanwhile
+    return fast
 
 
 def _plan() -> list[Replacement]:

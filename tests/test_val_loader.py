@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -155,3 +156,51 @@ def test_an_early_stop_stops_the_threads():
         assert batch == [0, 1, 2, 3, 4]
         break
     assert not decoder_threads()
+
+
+class Recording:
+    """A dataset whose samples are their indices, recording which were made (on any thread)."""
+
+    def __init__(self, size: int):
+        self.size, self.made = size, set()
+
+    def __getitem__(self, index: int) -> int:
+        self.made.add(index)
+        return index
+
+
+def wait_until(condition, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def test_a_started_loader_reads_ahead_before_it_is_iterated():
+    """``start()`` (what the patch calls, so that the set is read while the validator warms the model up) makes the
+    first batches before the consumer asks; the iteration then hands out every batch once, in order, and a second
+    iteration reads the set again."""
+    dataset, batches = Recording(30), [list(range(i, min(i + 4, 30))) for i in range(0, 30, 4)]
+    loader = DatasetBatches(dataset, batches, list, threads=3, read_ahead=2)
+    loader.start()
+    assert wait_until(lambda: set(range(8)) <= dataset.made), "the first two batches made before the iteration"
+    assert list(loader) == batches
+    dataset.made.clear()
+    assert list(loader) == batches and dataset.made == set(range(30))
+    assert not decoder_threads()
+
+
+def test_a_started_loader_never_iterated_stops_its_threads_when_dropped():
+    loader = DatasetBatches(Recording(50), [list(range(i, i + 5)) for i in range(0, 50, 5)], list, threads=3,
+                            read_ahead=2)
+    loader.start()
+    assert decoder_threads()
+    del loader
+    assert wait_until(lambda: not decoder_threads())
+
+
+def test_the_patch_starts_reading_when_it_makes_the_loader(tmp_path, generator, device="cuda"):
+    """The validator's warm-up runs between ``get_dataloader`` and the loop: the patched loader reads meanwhile."""
+    gpu = validator_for(write_set(tmp_path / "set", generator), device)
+    loader = val_loader.get_dataloader(gpu, gpu.data["val"], BATCH)
+    assert isinstance(loader, val_loader.ValLoader) and decoder_threads()

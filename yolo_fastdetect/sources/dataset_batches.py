@@ -42,22 +42,35 @@ class DatasetBatches:
                  read_ahead: int, pin_key: str | None = None, lower_priority: bool = False):
         self.dataset, self.batches, self.collate_fn = dataset, [list(batch) for batch in batches], collate_fn
         self.threads, self.read_ahead, self.pin_key, self.lower_priority = threads, read_ahead, pin_key, lower_priority
+        self._started: tuple[OrderedPrefetch, OrderedPrefetch] | None = None  # made by start(), not iterated yet
 
     def __len__(self) -> int:
         return len(self.batches)
 
-    def __iter__(self) -> Iterator:
+    def start(self) -> None:
+        """Start making the batches now, before the consumer asks for the first: the next iteration hands out these.
+        A loader started and never iterated stops its threads when it is garbage-collected."""
+        if self._started is None:
+            self._started = self._pipeline()
+
+    def _pipeline(self) -> tuple[OrderedPrefetch, OrderedPrefetch]:
+        """The samples' and the batches' prefetchers, running from now on."""
         largest = max((len(batch) for batch in self.batches), default=1)
         samples = OrderedPrefetch(self.dataset.__getitem__, (i for batch in self.batches for i in batch),
                                   self.threads, self.read_ahead * largest, self.lower_priority)
 
+        collate_fn, pin_key = self.collate_fn, self.pin_key  # (not self: a started pipeline holds no cycle)
+
         def collate(batch: list[int]):  # on the one collating thread, so the samples are taken in order
-            made = self.collate_fn([next(samples) for _ in batch])
-            if self.pin_key is not None:
-                made[self.pin_key] = made[self.pin_key].pin_memory()
+            made = collate_fn([next(samples) for _ in batch])
+            if pin_key is not None:
+                made[pin_key] = made[pin_key].pin_memory()
             return made
 
-        collated = OrderedPrefetch(collate, self.batches, 1, self.read_ahead, self.lower_priority)
+        return samples, OrderedPrefetch(collate, self.batches, 1, self.read_ahead, self.lower_priority)
+
+    def __iter__(self) -> Iterator:
+        (samples, collated), self._started = self._started or self._pipeline(), None
         try:
             yield from collated
         finally:  # also where the consumer stops early or a sample raises: no thread outlives the iteration
