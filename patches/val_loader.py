@@ -6,10 +6,11 @@ shape, ``Format``, then the dataset's ``collate_fn``. The first batch waits for 
 after the other, and each worker is a fork of the validating process. The patched method builds stock's loader (the
 dataset, its rectangular batch shapes and its sampler; no worker starts until a loader is iterated) and returns a
 :class:`ValLoader` over the same dataset and batches: each ``dataset[i]`` on a pool of threads (:func:`val_threads`:
-at most 8 unless ``YOLO_FASTDETECT_DECODE_THREADS`` is set), collated by the dataset's own ``collate_fn`` on one
-more thread, the image tensor copied into pinned memory there, so that ``preprocess``'s copy to the GPU is
-asynchronous. The same code makes every sample, so the batches are stock's, field for field. The threads start when
-the loader is made: the validator warms the model up before it asks for the first batch.
+at most 8 unless ``YOLO_FASTDETECT_DECODE_THREADS`` is set; :func:`val_read_ahead` batches ahead), collated by the
+dataset's own ``collate_fn`` on one more thread, the image tensor copied into pinned memory there, so that
+``preprocess``'s copy to the GPU is asynchronous. The same code makes every sample, so the batches are stock's, field
+for field. The threads start when the loader is made: the validator warms the model up before it asks for the first
+batch.
 
 It applies where stock would read with worker processes on a GPU (``workers`` > 0, which stock sets to 0 on a CPU)
 for plain detection from a ``YOLODataset`` without augmentation or image cache, batched in order; otherwise, and with
@@ -27,6 +28,7 @@ from ultralytics.models.yolo.detect import DetectionValidator
 from yolo_fastdetect import config
 from yolo_fastdetect.sources import (
     DECODER_NICE_VARIABLE,
+    READ_AHEAD_VARIABLE,
     SOURCES_VARIABLE,
     THREADS_VARIABLE,
     decode_threads,
@@ -40,6 +42,10 @@ from ._patching import Patch, Replacement, parameters, require
 # past a point more threads only contend: on the 16-core H100 host the loader alone gave the first batch of 32 in
 # 36-46 ms with 8 threads against 90-114 ms with 15 (docs/design.md, Validation).
 DEFAULT_VAL_THREADS = 8
+# Batches read ahead of the validator unless YOLO_FASTDETECT_READ_AHEAD is set. The loop waits on the loader, and
+# 2 ahead left it idle through the model's warm-up: yolo12n fp32 on the H200 host, ours 1.63-2.04 ms an image with
+# 4 against 1.87-2.63 with 2 (docs/design.md, Validation). Stock's 8 workers hold up to 16 batches.
+DEFAULT_VAL_READ_AHEAD = 4
 
 
 def val_threads() -> int:
@@ -53,6 +59,19 @@ def val_threads() -> int:
     if os.environ.get(THREADS_VARIABLE):
         return decode_threads()
     return min(decode_threads(), DEFAULT_VAL_THREADS)
+
+
+def val_read_ahead() -> int:
+    """Batches read ahead of ``model.val``'s loop: ``YOLO_FASTDETECT_READ_AHEAD`` where set, else
+    :data:`DEFAULT_VAL_READ_AHEAD`.
+
+    Examples:
+        >>> val_read_ahead()  # with the variable unset
+        4
+    """
+    if os.environ.get(READ_AHEAD_VARIABLE):
+        return read_ahead()
+    return DEFAULT_VAL_READ_AHEAD
 
 
 class ValLoader(DatasetBatches):
@@ -92,7 +111,7 @@ def get_dataloader(self: DetectionValidator, dataset_path: str, batch_size: int)
     if not fast_loader_applies(self, loader):
         return loader
     nice = config.get(DECODER_NICE_VARIABLE)
-    fast = ValLoader(loader, threads=val_threads(), read_ahead=read_ahead(), pin_key="img", lower_priority=nice)
+    fast = ValLoader(loader, threads=val_threads(), read_ahead=val_read_ahead(), pin_key="img", lower_priority=nice)
     fast.start()  # the validator warms the model up between making its loader and reading it: read meanwhile
     return fast
 

@@ -130,6 +130,16 @@ def test_val_threads_default_to_at_most_eight_unless_set(tmp_path, generator, mo
     assert val_loader.get_dataloader(gpu, gpu.data["val"], BATCH).threads == expected
 
 
+@pytest.mark.parametrize(("variable", "expected"), [(None, 4), ("1", 1), ("6", 6)])
+def test_val_read_ahead_is_four_unless_set(tmp_path, generator, monkeypatch, variable, expected):
+    monkeypatch.delenv("YOLO_FASTDETECT_READ_AHEAD", raising=False)
+    if variable is not None:
+        monkeypatch.setenv("YOLO_FASTDETECT_READ_AHEAD", variable)
+    assert val_loader.val_read_ahead() == expected
+    gpu = validator_for(write_set(tmp_path / "set", generator), "cuda")
+    assert val_loader.get_dataloader(gpu, gpu.data["val"], BATCH).read_ahead == expected
+
+
 def decoder_threads() -> list[threading.Thread]:
     return [thread for thread in threading.enumerate() if thread.name.startswith("yolo_fastdetect_decode")]
 

@@ -113,7 +113,7 @@ _DECLARED = [
     Variable("YOLO_FASTDETECT_DECODE_THREADS", INTEGER, _decoder_threads, "CPU cores - 1",
              "decoder threads of a file source (and of `model.val`'s set, by default at most 8)", minimum=1),
     Variable("YOLO_FASTDETECT_READ_AHEAD", INTEGER, 2, "2",
-             "batches decoded ahead of the predictor", minimum=1),
+             "batches decoded ahead of the predictor (of `model.val`'s loop: 4)", minimum=1),
     Variable("YOLO_FASTDETECT_LIST_OPENCV", SWITCH, True, "1",
              "`0`: every file of a list decodes through Pillow, as stock (by default OpenCV decodes the JPEGs)"),
     Variable("YOLO_FASTDETECT_UPLOAD_AHEAD", SWITCH, True, "1",
