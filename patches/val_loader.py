@@ -19,8 +19,6 @@ for plain detection from a ``YOLODataset`` without augmentation or image cache, 
 
 from __future__ import annotations
 
-import os
-
 from torch.utils.data import BatchSampler, SequentialSampler
 from ultralytics.data.dataset import YOLODataset
 from ultralytics.models.yolo.detect import DetectionValidator
@@ -56,7 +54,7 @@ def val_threads() -> int:
         >>> 1 <= val_threads() <= DEFAULT_VAL_THREADS  # with the variable unset
         True
     """
-    if os.environ.get(THREADS_VARIABLE):
+    if config.is_set(THREADS_VARIABLE):
         return decode_threads()
     return min(decode_threads(), DEFAULT_VAL_THREADS)
 
@@ -69,7 +67,7 @@ def val_read_ahead() -> int:
         >>> val_read_ahead()  # with the variable unset
         4
     """
-    if os.environ.get(READ_AHEAD_VARIABLE):
+    if config.is_set(READ_AHEAD_VARIABLE):
         return read_ahead()
     return DEFAULT_VAL_READ_AHEAD
 

@@ -133,3 +133,14 @@ def test_a_bad_switch_at_import_warns_and_runs_stock():
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "False off (YOLO_FASTDETECT=true)"
     assert "YOLO_FASTDETECT='true'" in result.stderr and "Ultralytics runs stock" in result.stderr
+
+
+def test_is_set_reads_empty_as_unset(monkeypatch):
+    monkeypatch.delenv("YOLO_FASTDETECT_READ_AHEAD", raising=False)
+    assert not config.is_set("YOLO_FASTDETECT_READ_AHEAD")
+    monkeypatch.setenv("YOLO_FASTDETECT_READ_AHEAD", "")
+    assert not config.is_set("YOLO_FASTDETECT_READ_AHEAD")
+    monkeypatch.setenv("YOLO_FASTDETECT_READ_AHEAD", "3")
+    assert config.is_set("YOLO_FASTDETECT_READ_AHEAD")
+    with pytest.raises(KeyError):
+        config.is_set("YOLO_FASTDETECT_NOT_DECLARED")

@@ -117,27 +117,30 @@ def test_the_patch_reads_where_stock_would_use_workers_on_a_gpu(tmp_path, genera
     assert not isinstance(val_loader.get_dataloader(gpu, gpu.data["val"], BATCH), val_loader.ValLoader)
 
 
+def loader_with_variable(tmp_path, generator, monkeypatch, name: str, value: str | None):
+    """The patched loader of a GPU validator, made with the variable ``name`` at ``value`` (None: unset)."""
+    monkeypatch.delenv(name, raising=False)
+    if value is not None:
+        monkeypatch.setenv(name, value)
+    gpu = validator_for(write_set(tmp_path / "set", generator), "cuda")
+    return val_loader.get_dataloader(gpu, gpu.data["val"], BATCH)
+
+
 @pytest.mark.parametrize(("cores", "variable", "expected"), [
     (16, None, 8), (4, None, 3), (1, None, 1), (16, "12", 12), (4, "6", 6),
 ])
 def test_val_threads_default_to_at_most_eight_unless_set(tmp_path, generator, monkeypatch, cores, variable, expected):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
-    monkeypatch.delenv("YOLO_FASTDETECT_DECODE_THREADS", raising=False)
-    if variable is not None:
-        monkeypatch.setenv("YOLO_FASTDETECT_DECODE_THREADS", variable)
+    loader = loader_with_variable(tmp_path, generator, monkeypatch, "YOLO_FASTDETECT_DECODE_THREADS", variable)
     assert val_loader.val_threads() == expected
-    gpu = validator_for(write_set(tmp_path / "set", generator), "cuda")
-    assert val_loader.get_dataloader(gpu, gpu.data["val"], BATCH).threads == expected
+    assert loader.threads == expected
 
 
 @pytest.mark.parametrize(("variable", "expected"), [(None, 4), ("1", 1), ("6", 6)])
 def test_val_read_ahead_is_four_unless_set(tmp_path, generator, monkeypatch, variable, expected):
-    monkeypatch.delenv("YOLO_FASTDETECT_READ_AHEAD", raising=False)
-    if variable is not None:
-        monkeypatch.setenv("YOLO_FASTDETECT_READ_AHEAD", variable)
+    loader = loader_with_variable(tmp_path, generator, monkeypatch, "YOLO_FASTDETECT_READ_AHEAD", variable)
     assert val_loader.val_read_ahead() == expected
-    gpu = validator_for(write_set(tmp_path / "set", generator), "cuda")
-    assert val_loader.get_dataloader(gpu, gpu.data["val"], BATCH).read_ahead == expected
+    assert loader.read_ahead == expected
 
 
 def decoder_threads() -> list[threading.Thread]:

@@ -151,6 +151,12 @@ def get(name: str) -> object:
     return VARIABLES[name].parse(os.environ.get(name))
 
 
+def is_set(name: str) -> bool:
+    """Whether the declared variable ``name`` holds a value now (unset or empty reads as its default); KeyError for a
+    name not declared here."""
+    return bool(os.environ.get(VARIABLES[name].name))
+
+
 def markdown_table() -> str:
     """README's configuration table: one row per variable a user sets (those only tests and benchmarks read are
     documented here, in the module)."""
@@ -169,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
         print(markdown_table())
     else:
         for name in VARIABLES:  # the values now, as the code would read them
-            state = "set" if os.environ.get(name) else "default"
+            state = "set" if is_set(name) else "default"
             print(f"{name} = {get(name)!r} ({state})")
 
 
