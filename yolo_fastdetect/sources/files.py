@@ -28,16 +28,7 @@ from .batch import ImageBatch
 from .gpu_jpeg import EncodedJpeg, decode_on_gpu, read_for_gpu
 from .prefetch import OrderedPrefetch, read_ahead_window
 from .upload import Upload, Uploads, loader_uploads
-from .video import (
-    VIDEO_END,
-    VideoProcess,
-    VideoReader,
-    VideosInOrder,
-    VideoStart,
-    nvdec_decoders,
-    open_reader,
-    videos_open_at_once,
-)
+from .video import VIDEO_END, VideoReader, VideosInOrder, VideoStart, nvdec_decoders, videos_open_at_once
 
 # Ultralytics decodes these suffixes (HEIC, AVIF, ...) through lazily registered PIL plugins, which it keeps serial
 # because their registration is not thread-safe; one lock keeps them serial here too.
@@ -107,7 +98,7 @@ class FileLoader(LoadImagesAndVideos):
         self.uploads = loader_uploads(upload_to or gpu_jpeg or gpu_video, batch, threads, read_ahead, self.open_videos)
         self._upload_ahead, self._gpu_jpeg, self._gpu_video = upload_to is not None, gpu_jpeg is not None, gpu_video
         self._images: OrderedPrefetch | None = None
-        self._videos: VideoReader | VideoProcess | VideosInOrder | None = None
+        self._videos: VideoReader | VideosInOrder | None = None
         self._in_video = False
 
     def __iter__(self) -> FileLoader:
@@ -127,7 +118,7 @@ class FileLoader(LoadImagesAndVideos):
                 self._videos = VideosInOrder(self.files[self.ni :], self.vid_stride, gray, self.bs, self.open_videos,
                                              **uploading)
             else:
-                self._videos = open_reader(self.files[self.ni :], self.vid_stride, gray, self.read_ahead * self.bs,
+                self._videos = VideoReader(self.files[self.ni :], self.vid_stride, gray, self.read_ahead * self.bs,
                                            **uploading)
         return self
 

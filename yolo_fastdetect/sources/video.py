@@ -20,6 +20,7 @@ import queue
 import threading
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import cv2
 import numpy as np
@@ -29,9 +30,28 @@ from ultralytics.utils import LOGGER
 from .. import config
 from .handoff import drain, get_from, put_unless_stopped
 from .nvdec import NvdecLayoutError, NvdecVideo, nvdec_tags_or_reason
-from .stock_video import VIDEO_END, VideoFrame, VideoStart, stock_frames, stock_start
 from .upload import Upload, Uploads
-from .video_process import VideoProcess, process_decoding_applies
+
+
+@dataclass(frozen=True)
+class VideoStart:
+    """A video opened: its frame rate and frame count after ``vid_stride``, as ``LoadImagesAndVideos._new_video``."""
+
+    fps: float
+    frames: int
+
+
+@dataclass(frozen=True)
+class VideoFrame:
+    """One decoded frame; ``last`` when it is the video's reported last frame (stock ends the video there); its
+    ``upload`` to the GPU, where the reader's ``on_frame`` or NVDEC made one."""
+
+    image: np.ndarray
+    last: bool
+    upload: Upload | None = None
+
+
+VIDEO_END = "end"  # a grab failed: the video ended before its reported frame count (or could not be read on)
 
 
 def _read_nvdec(path: str, vid_stride: int, count: int, gpu_frames: Uploads, decoders: int, frames: queue.Queue,
@@ -70,13 +90,13 @@ def _read_one(path: str, vid_stride: int, gray: bool, on_frame: Callable | None,
     """Read one video into ``frames``; False when reading should stop (consumer gone, or the video did not open)."""
     capture = cv2.VideoCapture(path)
     try:
-        start = stock_start(capture, vid_stride)
-        if start is None:
+        fps = capture.get(cv2.CAP_PROP_FPS)
+        if not capture.isOpened():
             put_unless_stopped(frames, stop, FileNotFoundError(f"Failed to open video {path}"))
             return False
-        if not put_unless_stopped(frames, stop, start):
+        count = int(capture.get(cv2.CAP_PROP_FRAME_COUNT) / vid_stride)
+        if not put_unless_stopped(frames, stop, VideoStart(fps, count)):
             return False
-        count = start.frames
         frame = 0
         if gpu_frames is not None and not gray:
             outcome = _read_nvdec(path, vid_stride, count, gpu_frames, decoders, frames, stop)
@@ -85,16 +105,24 @@ def _read_one(path: str, vid_stride: int, gray: bool, on_frame: Callable | None,
             frame = outcome
             if not all(capture.grab() for _ in range(frame * vid_stride)):  # the frames NVDEC gave
                 return put_unless_stopped(frames, stop, VIDEO_END)
-        for image in stock_frames(capture, vid_stride, count, start=frame):
-            if gray:
-                image = cv2.cvtColor(image, cv2.COLOR_BGR2GRAY)[..., None]
-            upload = on_frame(image) if on_frame is not None else None
-            frame += 1
-            if not put_unless_stopped(frames, stop, VideoFrame(image, frame == count, upload)):
-                return False
-            if frame == count:
-                return True
-        return put_unless_stopped(frames, stop, VIDEO_END)
+        while True:
+            grabbed = False
+            for _ in range(vid_stride):
+                grabbed = capture.grab()
+                if not grabbed:
+                    break
+            if not grabbed:
+                return put_unless_stopped(frames, stop, VIDEO_END)
+            retrieved, image = capture.retrieve()
+            if retrieved and image is not None:
+                if gray:
+                    image = cv2.cvtColor(image, cv2.COLOR_BGR2GRAY)[..., None]
+                upload = on_frame(image) if on_frame is not None else None
+                frame += 1
+                if not put_unless_stopped(frames, stop, VideoFrame(image, frame == count, upload)):
+                    return False
+                if frame == count:
+                    return True
     finally:
         capture.release()
 
@@ -152,18 +180,6 @@ class VideoReader:
         """Stop the reader, join its thread, release its capture (idempotent)."""
         self._finalizer()
 
-def open_reader(paths: Sequence[str], vid_stride: int, gray: bool, capacity: int,
-                on_frame: Callable[[np.ndarray], Upload | None] | None = None, gpu_frames: Uploads | None = None,
-                decoders: int = 1) -> VideoReader | VideoProcess:
-    """The reader of ``paths`` (arguments as :class:`VideoReader`'s): one colour video read with cv2 decodes in a
-    :class:`.video_process.VideoProcess` (where :func:`.video_process.process_decoding_applies`), everything else on
-    a :class:`VideoReader` thread. Both give the same items. The process's shared frames are those decoded ahead
-    (``capacity``) and those the consumer holds meanwhile (as many again, and stock's prefetched batch)."""
-    if process_decoding_applies(list(paths), gray, gpu_frames):
-        return VideoProcess(paths[0], vid_stride, 2 * capacity + 8, on_frame)
-    return VideoReader(paths, vid_stride, gray, capacity, on_frame, gpu_frames, decoders)
-
-
 # Frames decoded ahead by the readers of videos open at once, at most (each holds a batch and the frame it waits to
 # hand over): 64 frames are 0.4 GB at 1080p and 1.6 GB at 4K, and bound host memory however large the batch.
 VIDEO_FRAMES_AHEAD_MAX = 64
@@ -206,8 +222,8 @@ class VideosInOrder:
                  on_frame: Callable[[np.ndarray], Upload | None] | None = None, gpu_frames: Uploads | None = None,
                  decoders: int = 1):
         self._waiting = collections.deque(paths)
-        self._open: collections.deque[VideoReader | VideoProcess] = collections.deque()
-        self._reader = functools.partial(open_reader, vid_stride=vid_stride, gray=gray, capacity=capacity,
+        self._open: collections.deque[VideoReader] = collections.deque()
+        self._reader = functools.partial(VideoReader, vid_stride=vid_stride, gray=gray, capacity=capacity,
                                          on_frame=on_frame, gpu_frames=gpu_frames, decoders=decoders)
         self._open_videos = max(1, open_videos)
         self._open_more()

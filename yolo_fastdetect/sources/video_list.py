@@ -48,7 +48,7 @@ from ultralytics.data.utils import IMG_FORMATS, VID_FORMATS
 
 from .batch import ImageBatch
 from .upload import Uploads
-from .video import VIDEO_END, VideoProcess, VideoReader, VideoStart, nvdec_decoders, open_reader
+from .video import VIDEO_END, VideoReader, VideoStart, nvdec_decoders
 
 
 def _suffix(path: str | Path) -> str:
@@ -91,7 +91,7 @@ class _OpenVideo:
     """An open video: its place in the list, its reader, and stock's counters."""
 
     index: int
-    reader: VideoReader | VideoProcess
+    reader: VideoReader
     started: bool = False
     ended: bool = False
     fps: float = 0.0
@@ -157,7 +157,7 @@ class VideoListLoader(LoadImagesAndVideos):
         """Start a reader for the next video of the list (None when none is left); it decodes a batch ahead."""
         if self._next_index >= self.nf:
             return None
-        reader = open_reader([self.files[self._next_index]], self.vid_stride, self.cv2_flag == cv2.IMREAD_GRAYSCALE,
+        reader = VideoReader([self.files[self._next_index]], self.vid_stride, self.cv2_flag == cv2.IMREAD_GRAYSCALE,
                              self.bs, on_frame=self.uploads.put if self._upload_ahead else None,
                              gpu_frames=self.uploads if self._gpu_video else None,
                              decoders=nvdec_decoders(min(self.open_videos, self.nf)))
