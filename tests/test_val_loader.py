@@ -3,6 +3,7 @@ field for field, on non-square images in rectangular batches; where it applies; 
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 import time
@@ -15,6 +16,7 @@ from ultralytics.models.yolo.detect import DetectionValidator
 
 from yolo_fastdetect.bench._val_dataset import write_images
 from yolo_fastdetect.patches import val_loader
+from yolo_fastdetect.sources import dataset_batches
 from yolo_fastdetect.sources.dataset_batches import DatasetBatches
 
 IMAGES, BATCH, IMGSZ = 13, 4, 320  # four rectangular batches, the last of one image
@@ -87,6 +89,36 @@ def test_batches_are_stocks(tmp_path, generator, device):
     for index, (mine, theirs) in enumerate(zip(batches, stock)):
         assert_same(mine, theirs, f"batch {index}")
         assert mine["img"].is_pinned() == (device == "cuda")
+
+
+def test_stacking_into_the_batch_gives_the_collated_batch(tmp_path, generator):
+    """The samples' images stacked straight into the allocated batch: ``collate_fn``'s batch field for field, the
+    images in the allocated tensor; a ``collate_fn`` that does not stack them (another dtype, concatenated) is run
+    on the samples and its tensor copied over."""
+    dataset = stock_loader(validator_for(write_set(tmp_path / "set", generator), "cpu")).dataset
+    allocated = []
+
+    def allocate(shape, dtype):
+        allocated.append(torch.full(shape, 7, dtype=dtype))
+        return allocated[-1]
+
+    def as_float(batch):
+        made = dataset.collate_fn(batch)
+        made["img"] = made["img"].float()
+        return made
+
+    def concatenated(batch):
+        made = dataset.collate_fn(batch)
+        made["img"] = torch.cat([sample["img"] for sample in batch])
+        return made
+
+    for first in range(0, IMAGES, BATCH):
+        for collate_fn in (dataset.collate_fn, as_float, concatenated):
+            samples = [dataset[i] for i in range(first, min(first + BATCH, IMAGES))]
+            expected = collate_fn(copy.deepcopy(samples))  # (collate_fn changes the samples' batch_idx in place)
+            made = dataset_batches.collate_stacking_into(collate_fn, samples, "img", allocate=allocate)
+            assert_same(made, expected, f"{collate_fn.__name__} from image {first}")
+            assert made["img"] is allocated[-1]
 
 
 def test_the_patch_reads_where_stock_would_use_workers_on_a_gpu(tmp_path, generator, monkeypatch):

@@ -6,8 +6,9 @@ waits for one worker to read its images one after the other, no more workers run
 worker is a fork of the validating process. Here every sample is ``dataset[index]`` on a pool of threads
 (:class:`.OrderedPrefetch`; decoding and resizing with OpenCV release the GIL), read ahead in index order, and one
 more thread collates them into batches with the dataset's own ``collate_fn``, so a batch is the one the
-``DataLoader`` makes. Optionally its image tensor is copied into pinned memory there, so that the consumer's copy to
-the GPU is a fast, asynchronous one.
+``DataLoader`` makes. Optionally its image tensor is made in pinned memory there, so that the consumer's copy to
+the GPU is a fast, asynchronous one: the images are stacked straight into the pinned batch
+(:func:`collate_stacking_into`), not stacked into pageable memory and copied again.
 """
 
 from __future__ import annotations
@@ -15,7 +16,47 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import torch
+
 from .prefetch import OrderedPrefetch
+
+
+def pinned_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised tensor in pinned host memory (PyTorch's caching host allocator reuses freed blocks)."""
+    return torch.empty(shape, dtype=dtype, pin_memory=True)
+
+
+def collate_stacking_into(collate_fn: Callable[[list], dict], samples: list[dict], key: str,
+                          allocate: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] = pinned_empty) -> dict:
+    """``collate_fn(samples)``, its ``key`` tensor in memory from ``allocate(shape, dtype=dtype)``.
+
+    Where ``collate_fn`` stacks ``key`` along a new first dimension (told by collating the samples with an empty
+    tensor of the same dtype in its place: the result must be ``(len(samples), 0)`` of that dtype), the samples'
+    tensors are stacked straight into the allocated batch: one copy of the images, where collating and then
+    pinning made two, the first into freshly faulted pageable memory (docs/design.md, Validation). Otherwise
+    ``collate_fn`` runs on the samples and its ``key`` tensor is copied over.
+
+    Examples:
+        >>> samples = [{"img": torch.full((3, 4, 6), value, dtype=torch.uint8)} for value in (0, 1)]
+        >>> def stack(batch):
+        ...     return {"img": torch.stack([sample["img"] for sample in batch])}
+        >>> collate_stacking_into(stack, samples, "img", allocate=torch.empty)["img"].shape
+        torch.Size([2, 3, 4, 6])
+    """
+    tensors = [sample[key] for sample in samples]
+    first = tensors[0]
+    placeholder = first.new_empty(0)
+    # The samples' other tensors are cloned for the trial (small: labels): a collate_fn may change them in place
+    # (Ultralytics' adds each sample's index to its batch_idx), and the fallback collates the samples themselves.
+    made = collate_fn([{name: placeholder if name == key else value.clone() if isinstance(value, torch.Tensor)
+                        else value for name, value in sample.items()} for sample in samples])
+    stacked = made.get(key)
+    if isinstance(stacked, torch.Tensor) and stacked.shape == (len(samples), 0) and stacked.dtype == first.dtype:
+        made[key] = torch.stack(tensors, 0, out=allocate((len(samples), *first.shape), dtype=first.dtype))
+        return made
+    made = collate_fn(samples)
+    made[key] = allocate(tuple(made[key].shape), dtype=made[key].dtype).copy_(made[key])
+    return made
 
 
 class DatasetBatches:
@@ -28,7 +69,8 @@ class DatasetBatches:
         collate_fn: Makes a batch of a list of samples.
         threads (int): Threads making samples.
         read_ahead (int): Batches made ahead of the consumer.
-        pin_key (str | None): The key of a dict batch whose tensor is copied into pinned memory, or None.
+        pin_key (str | None): The key of a dict batch whose tensor is made in pinned memory (the samples' tensors
+            under that key stacked into it, :func:`collate_stacking_into`), or None.
         lower_priority (bool): The threads run below the consumer's priority (:class:`.OrderedPrefetch`).
 
     Examples:
@@ -62,10 +104,8 @@ class DatasetBatches:
         collate_fn, pin_key = self.collate_fn, self.pin_key  # (not self: a started pipeline holds no cycle)
 
         def collate(batch: list[int]):  # on the one collating thread, so the samples are taken in order
-            made = collate_fn([next(samples) for _ in batch])
-            if pin_key is not None:
-                made[pin_key] = made[pin_key].pin_memory()
-            return made
+            chosen = [next(samples) for _ in batch]
+            return collate_fn(chosen) if pin_key is None else collate_stacking_into(collate_fn, chosen, pin_key)
 
         return samples, OrderedPrefetch(collate, self.batches, 1, self.read_ahead, self.lower_priority)
 
