@@ -7,7 +7,7 @@ after the other, and each worker is a fork of the validating process. The patche
 dataset, its rectangular batch shapes and its sampler; no worker starts until a loader is iterated) and returns a
 :class:`ValLoader` over the same dataset and batches: each ``dataset[i]`` on a pool of threads (:func:`val_threads`:
 at most 8 unless ``YOLO_FASTDETECT_DECODE_THREADS`` is set; :func:`val_read_ahead` batches ahead), collated by the
-dataset's own ``collate_fn`` on one more thread, the image tensor copied into pinned memory there, so that
+dataset's own ``collate_fn`` on one more thread, the images stacked straight into pinned memory there, so that
 ``preprocess``'s copy to the GPU is asynchronous. The same code makes every sample, so the batches are stock's, field
 for field. The threads start when the loader is made: the validator warms the model up before it asks for the first
 batch.
