@@ -7,6 +7,7 @@ Stock cannot read a list of videos at all (it opens every entry as an image), so
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 import time
@@ -29,7 +30,7 @@ from video_corpus import write_broken, write_h264, write_opencv
 from yolo_fastdetect.sources import FileLoader, PathListLoader, VideoListLoader, decode_threads, file_loader
 from yolo_fastdetect.sources import upload as upload_module
 from yolo_fastdetect.sources import video_list as video_list_module
-from yolo_fastdetect.sources.video import videos_open_at_once
+from yolo_fastdetect.sources.video import VIDEO_END, VideoFrame, VideoReader, videos_open_at_once
 
 IMGSZ = 160
 TIMEOUT_S = 120  # a run that takes longer has hung
@@ -135,6 +136,37 @@ def test_list_of_videos_on_a_gpu_letterboxes_from_the_uploads_at_batch_1(model, 
     assert isinstance(model.predictor.dataset, VideoListLoader)
     assert_same_frames(ours, stock, atol=1e-3)
     assert taken and all((copies is not None) == (batch == 1) for copies in taken)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("vid_stride", [1, 3])
+def test_upload_ahead_retrieves_into_pinned_memory_and_sends_the_frames_bytes(clips, vid_stride):
+    """With upload-ahead the reader retrieves each frame after the first into pinned memory and uploads it from there
+    without a copy: the same frames as a reader without it, each copy on the GPU equal to its frame."""
+    uploads = upload_module.Uploads(torch.device("cuda", 0), capacity=1000)
+    for clip in clips:
+        plain = within(TIMEOUT_S, functools.partial(read_frames, str(clip), vid_stride, None))
+        ours = within(TIMEOUT_S, functools.partial(read_frames, str(clip), vid_stride, uploads))
+        assert len(ours) == len(plain) > 1
+        assert all(np.array_equal(a.image, b.image) and a.last == b.last for a, b in zip(ours, plain))
+        assert all(torch.from_numpy(frame.image).is_pinned() for frame in ours[1:])
+        copies = uploads.take([frame.upload for frame in ours])
+        torch.cuda.synchronize()
+        assert all(torch.equal(copy.cpu(), torch.from_numpy(frame.image)) for copy, frame in zip(copies, ours))
+
+
+def read_frames(path: str, vid_stride: int, uploads: upload_module.Uploads | None) -> list[VideoFrame]:
+    """The frames a :class:`VideoReader` of ``path`` gives, until the video's last or its end."""
+    reader, frames = VideoReader([path], vid_stride, gray=False, capacity=4, upload_ahead=uploads), []
+    try:
+        while True:
+            item = reader.get()
+            if isinstance(item, VideoFrame):
+                frames.append(item)
+            if item is VIDEO_END or (isinstance(item, VideoFrame) and item.last):
+                return frames
+    finally:
+        reader.close()
 
 
 def stock_batches(video: Path, batch: int, vid_stride: int) -> list[list[tuple[int, np.ndarray]]]:

@@ -111,7 +111,7 @@ class FileLoader(LoadImagesAndVideos):
             self._images = OrderedPrefetch(decode, self.files[: self.ni], self.threads, window, self.lower_priority)
         if self.nf > self.ni:
             gray = self.cv2_flag == cv2.IMREAD_GRAYSCALE
-            uploading = {"on_frame": self.uploads.put if self._upload_ahead else None,
+            uploading = {"upload_ahead": self.uploads if self._upload_ahead else None,
                          "gpu_frames": self.uploads if self._gpu_video is not None else None,
                          "decoders": nvdec_decoders(self.open_videos)}
             if self.open_videos > 1:

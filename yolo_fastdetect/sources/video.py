@@ -19,7 +19,7 @@ import functools
 import queue
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import cv2
@@ -30,7 +30,7 @@ from ultralytics.utils import LOGGER
 from .. import config
 from .handoff import drain, get_from, put_unless_stopped
 from .nvdec import NvdecLayoutError, NvdecVideo, nvdec_tags_or_reason
-from .upload import Upload, Uploads
+from .upload import Upload, Uploads, pinned_frame
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class VideoStart:
 @dataclass(frozen=True)
 class VideoFrame:
     """One decoded frame; ``last`` when it is the video's reported last frame (stock ends the video there); its
-    ``upload`` to the GPU, where the reader's ``on_frame`` or NVDEC made one."""
+    ``upload`` to the GPU, where the reader's upload-ahead or NVDEC made one."""
 
     image: np.ndarray
     last: bool
@@ -85,9 +85,11 @@ def _read_nvdec(path: str, vid_stride: int, count: int, gpu_frames: Uploads, dec
     return put_unless_stopped(frames, stop, VIDEO_END)
 
 
-def _read_one(path: str, vid_stride: int, gray: bool, on_frame: Callable | None, gpu_frames: Uploads | None,
+def _read_one(path: str, vid_stride: int, gray: bool, upload_ahead: Uploads | None, gpu_frames: Uploads | None,
               decoders: int, frames: queue.Queue, stop: threading.Event) -> bool:
-    """Read one video into ``frames``; False when reading should stop (consumer gone, or the video did not open)."""
+    """Read one video into ``frames``; False when reading should stop (consumer gone, or the video did not open).
+    With ``upload_ahead`` each BGR frame is retrieved into pinned memory of the previous frame's size (cv2 gives every
+    frame the first one's), so that its upload copies nothing on this thread."""
     capture = cv2.VideoCapture(path)
     try:
         fps = capture.get(cv2.CAP_PROP_FPS)
@@ -105,6 +107,7 @@ def _read_one(path: str, vid_stride: int, gray: bool, on_frame: Callable | None,
             frame = outcome
             if not all(capture.grab() for _ in range(frame * vid_stride)):  # the frames NVDEC gave
                 return put_unless_stopped(frames, stop, VIDEO_END)
+        into = None  # the pinned array the next frame is retrieved into
         while True:
             grabbed = False
             for _ in range(vid_stride):
@@ -113,11 +116,15 @@ def _read_one(path: str, vid_stride: int, gray: bool, on_frame: Callable | None,
                     break
             if not grabbed:
                 return put_unless_stopped(frames, stop, VIDEO_END)
-            retrieved, image = capture.retrieve()
+            retrieved, image = capture.retrieve() if into is None else capture.retrieve(into)
             if retrieved and image is not None:
                 if gray:
                     image = cv2.cvtColor(image, cv2.COLOR_BGR2GRAY)[..., None]
-                upload = on_frame(image) if on_frame is not None else None
+                upload = None
+                if upload_ahead is not None:
+                    upload = upload_ahead.put(image)
+                    if not gray:  # `into` now holds this frame (or had another size: cv2 then made a new array)
+                        into = pinned_frame(image.shape)
                 frame += 1
                 if not put_unless_stopped(frames, stop, VideoFrame(image, frame == count, upload)):
                     return False
@@ -127,11 +134,11 @@ def _read_one(path: str, vid_stride: int, gray: bool, on_frame: Callable | None,
         capture.release()
 
 
-def _read_all(paths: Sequence[str], vid_stride: int, gray: bool, on_frame: Callable | None,
+def _read_all(paths: Sequence[str], vid_stride: int, gray: bool, upload_ahead: Uploads | None,
               gpu_frames: Uploads | None, decoders: int, frames: queue.Queue, stop: threading.Event) -> None:
     try:
         for path in paths:
-            if not _read_one(path, vid_stride, gray, on_frame, gpu_frames, decoders, frames, stop):
+            if not _read_one(path, vid_stride, gray, upload_ahead, gpu_frames, decoders, frames, stop):
                 return
     except BaseException as error:  # noqa: BLE001 - handed to the consumer, which raises it
         put_unless_stopped(frames, stop, error)
@@ -149,20 +156,19 @@ class VideoReader:
     :meth:`get` returns, per video, a :class:`VideoStart`, then its :class:`VideoFrame` items, then
     :data:`VIDEO_END` unless the last frame said ``last``; it raises what the reader raised (a video that did not
     open, a decoder error). The thread and its open capture end at :meth:`close` or garbage collection.
-    ``on_frame(image)``, when given, runs on the reader's thread for each frame cv2 decodes and returns the frame's
-    upload, which the frame carries (the upload-ahead of :mod:`.upload`). ``gpu_frames``, when given, decodes with
-    NVDEC on its device where that gives cv2's frames, with ``decoders`` NVDEC decoders on each video at once
+    ``upload_ahead``, when given, uploads each frame cv2 decodes from the reader's thread (:mod:`.upload`), retrieved
+    into pinned memory; the frame carries its upload. ``gpu_frames``, when given, decodes with NVDEC on its device
+    where that gives cv2's frames, with ``decoders`` NVDEC decoders on each video at once
     (:class:`.nvdec.NvdecVideo`), and holds their GPU copies (see the module docstring).
     """
 
     def __init__(self, paths: Sequence[str], vid_stride: int, gray: bool, capacity: int,
-                 on_frame: Callable[[np.ndarray], Upload | None] | None = None, gpu_frames: Uploads | None = None,
-                 decoders: int = 1):
+                 upload_ahead: Uploads | None = None, gpu_frames: Uploads | None = None, decoders: int = 1):
         self._frames: queue.Queue = queue.Queue(maxsize=max(1, capacity))
         stop = threading.Event()
         self._thread = threading.Thread(
-            target=_read_all, args=(list(paths), vid_stride, gray, on_frame, gpu_frames, decoders, self._frames, stop),
-            daemon=True, name="yolo_fastdetect_video",
+            target=_read_all, daemon=True, name="yolo_fastdetect_video",
+            args=(list(paths), vid_stride, gray, upload_ahead, gpu_frames, decoders, self._frames, stop),
         )
         self._thread.start()
         self._finalizer = weakref.finalize(self, _stop, self._thread, stop, self._frames)
@@ -219,12 +225,12 @@ class VideosInOrder:
     """
 
     def __init__(self, paths: Sequence[str], vid_stride: int, gray: bool, capacity: int, open_videos: int,
-                 on_frame: Callable[[np.ndarray], Upload | None] | None = None, gpu_frames: Uploads | None = None,
+                 upload_ahead: Uploads | None = None, gpu_frames: Uploads | None = None,
                  decoders: int = 1):
         self._waiting = collections.deque(paths)
         self._open: collections.deque[VideoReader] = collections.deque()
         self._reader = functools.partial(VideoReader, vid_stride=vid_stride, gray=gray, capacity=capacity,
-                                         on_frame=on_frame, gpu_frames=gpu_frames, decoders=decoders)
+                                         upload_ahead=upload_ahead, gpu_frames=gpu_frames, decoders=decoders)
         self._open_videos = max(1, open_videos)
         self._open_more()
 

@@ -158,7 +158,7 @@ class VideoListLoader(LoadImagesAndVideos):
         if self._next_index >= self.nf:
             return None
         reader = VideoReader([self.files[self._next_index]], self.vid_stride, self.cv2_flag == cv2.IMREAD_GRAYSCALE,
-                             self.bs, on_frame=self.uploads.put if self._upload_ahead else None,
+                             self.bs, upload_ahead=self.uploads if self._upload_ahead else None,
                              gpu_frames=self.uploads if self._gpu_video else None,
                              decoders=nvdec_decoders(min(self.open_videos, self.nf)))
         self._next_index += 1
