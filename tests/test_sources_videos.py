@@ -27,6 +27,7 @@ import yolo_fastdetect
 from test_sources import model  # noqa: F401 - a fixture: test_sources' seeded model, scores without ties
 from test_sources_upload import taken  # noqa: F401 - a fixture: what each batch's take_uploads returned
 from video_corpus import write_broken, write_h264, write_opencv
+from yolo_fastdetect.pinned import pinned_tensor_of
 from yolo_fastdetect.sources import FileLoader, PathListLoader, VideoListLoader, decode_threads, file_loader
 from yolo_fastdetect.sources import upload as upload_module
 from yolo_fastdetect.sources import video_list as video_list_module
@@ -140,24 +141,28 @@ def test_list_of_videos_on_a_gpu_letterboxes_from_the_uploads_at_batch_1(model, 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("vid_stride", [1, 3])
-def test_upload_ahead_retrieves_into_pinned_memory_and_sends_the_frames_bytes(clips, vid_stride):
-    """With upload-ahead the reader retrieves each frame after the first into pinned memory and uploads it from there
-    without a copy: the same frames as a reader without it, each copy on the GPU equal to its frame."""
-    uploads = upload_module.Uploads(torch.device("cuda", 0), capacity=1000)
+@pytest.mark.parametrize("mode", ["pinned frames", "upload-ahead"])
+def test_a_gpu_predictors_reader_retrieves_into_pinned_memory(clips, vid_stride, mode):
+    """For a GPU predictor the reader retrieves each frame after the first into pinned memory (with upload-ahead it
+    uploads it from there without a copy): the same frames as a plain reader, each GPU copy equal to its frame."""
+    uploads = upload_module.Uploads(torch.device("cuda", 0), capacity=1000) if mode == "upload-ahead" else None
     for clip in clips:
-        plain = within(TIMEOUT_S, functools.partial(read_frames, str(clip), vid_stride, None))
-        ours = within(TIMEOUT_S, functools.partial(read_frames, str(clip), vid_stride, uploads))
+        plain = within(TIMEOUT_S, functools.partial(read_frames, str(clip), vid_stride, False, None))
+        ours = within(TIMEOUT_S, functools.partial(read_frames, str(clip), vid_stride, uploads is None, uploads))
         assert len(ours) == len(plain) > 1
         assert all(np.array_equal(a.image, b.image) and a.last == b.last for a, b in zip(ours, plain))
-        assert all(torch.from_numpy(frame.image).is_pinned() for frame in ours[1:])
-        copies = uploads.take([frame.upload for frame in ours])
-        torch.cuda.synchronize()
-        assert all(torch.equal(copy.cpu(), torch.from_numpy(frame.image)) for copy, frame in zip(copies, ours))
+        assert all(pinned_tensor_of(frame.image) is not None for frame in ours[1:])
+        assert all(pinned_tensor_of(frame.image) is None for frame in plain)
+        if uploads is not None:
+            copies = uploads.take([frame.upload for frame in ours])
+            torch.cuda.synchronize()
+            assert all(torch.equal(copy.cpu(), torch.from_numpy(frame.image)) for copy, frame in zip(copies, ours))
 
 
-def read_frames(path: str, vid_stride: int, uploads: upload_module.Uploads | None) -> list[VideoFrame]:
-    """The frames a :class:`VideoReader` of ``path`` gives, until the video's last or its end."""
-    reader, frames = VideoReader([path], vid_stride, gray=False, capacity=4, upload_ahead=uploads), []
+def read_frames(path: str, vid_stride: int, pin_frames: bool, uploads: upload_module.Uploads | None) -> list:
+    """The :class:`VideoFrame` items a :class:`VideoReader` of ``path`` gives, until the video's last or its end."""
+    reader = VideoReader([path], vid_stride, gray=False, capacity=4, pin_frames=pin_frames, upload_ahead=uploads)
+    frames = []
     try:
         while True:
             item = reader.get()

@@ -21,29 +21,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from ..pinned import pinned_tensor_of
 from .prefetch import read_ahead_window
 
 UPLOAD_BUDGET_BYTES = 4 << 30  # at most this much (or an eighth of the GPU's memory) uploaded ahead at once
-
-
-def pinned_frame(shape: tuple[int, ...]) -> np.ndarray | None:
-    """An uninitialised uint8 array of ``shape`` in pinned host memory, or None where none can be had: a video reader
-    retrieves its next frame into it, and :meth:`Uploads.put` then starts the transfer without a copy on the host.
-    The memory is a tensor of PyTorch's caching host allocator, which the array keeps alive and which is reused only
-    once the copies that read it have completed."""
-    try:
-        return torch.empty(shape, dtype=torch.uint8, pin_memory=True).numpy()
-    except RuntimeError:  # pinned memory exhausted (frames held by the caller): the frame is retrieved as stock does
-        return None
-
-
-def _pinned_tensor(image: np.ndarray) -> torch.Tensor | None:
-    """The pinned tensor that ``image`` spans whole (made by :func:`pinned_frame`), or None."""
-    base = image.base
-    if (isinstance(base, torch.Tensor) and base.data_ptr() == image.ctypes.data and base.numel() == image.size
-            and base.is_pinned()):
-        return base
-    return None
 
 
 class Upload:
@@ -101,7 +82,7 @@ class Uploads:
                 # A frame retrieved into pinned memory is sent as it is; any other image is pinned by a copy on this
                 # thread. The transfer runs on the side stream, and the caching host allocator reuses the pinned
                 # block only after the transfer that reads it has completed.
-                pinned = _pinned_tensor(image)
+                pinned = pinned_tensor_of(image)
                 host = pinned if pinned is not None else torch.from_numpy(image).pin_memory()
                 tensor = host.to(self.device, non_blocking=True)
                 return self._register(image, tensor, self._stream)

@@ -28,9 +28,10 @@ import torch
 from ultralytics.utils import LOGGER
 
 from .. import config
+from ..pinned import pinned_array
 from .handoff import drain, get_from, put_unless_stopped
 from .nvdec import NvdecLayoutError, NvdecVideo, nvdec_tags_or_reason
-from .upload import Upload, Uploads, pinned_frame
+from .upload import Upload, Uploads
 
 
 @dataclass(frozen=True)
@@ -85,11 +86,12 @@ def _read_nvdec(path: str, vid_stride: int, count: int, gpu_frames: Uploads, dec
     return put_unless_stopped(frames, stop, VIDEO_END)
 
 
-def _read_one(path: str, vid_stride: int, gray: bool, upload_ahead: Uploads | None, gpu_frames: Uploads | None,
-              decoders: int, frames: queue.Queue, stop: threading.Event) -> bool:
+def _read_one(path: str, vid_stride: int, gray: bool, pin_frames: bool, upload_ahead: Uploads | None,
+              gpu_frames: Uploads | None, decoders: int, frames: queue.Queue, stop: threading.Event) -> bool:
     """Read one video into ``frames``; False when reading should stop (consumer gone, or the video did not open).
-    With ``upload_ahead`` each BGR frame is retrieved into pinned memory of the previous frame's size (cv2 gives every
-    frame the first one's), so that its upload copies nothing on this thread."""
+    With ``pin_frames`` or ``upload_ahead`` each BGR frame after the first is retrieved into pinned memory of the
+    previous frame's size (cv2 gives every frame the first one's), so that its copy to the GPU, by the upload-ahead
+    or the letterbox, starts from there."""
     capture = cv2.VideoCapture(path)
     try:
         fps = capture.get(cv2.CAP_PROP_FPS)
@@ -107,6 +109,7 @@ def _read_one(path: str, vid_stride: int, gray: bool, upload_ahead: Uploads | No
             frame = outcome
             if not all(capture.grab() for _ in range(frame * vid_stride)):  # the frames NVDEC gave
                 return put_unless_stopped(frames, stop, VIDEO_END)
+        pin = (pin_frames or upload_ahead is not None) and not gray
         into = None  # the pinned array the next frame is retrieved into
         while True:
             grabbed = False
@@ -120,11 +123,9 @@ def _read_one(path: str, vid_stride: int, gray: bool, upload_ahead: Uploads | No
             if retrieved and image is not None:
                 if gray:
                     image = cv2.cvtColor(image, cv2.COLOR_BGR2GRAY)[..., None]
-                upload = None
-                if upload_ahead is not None:
-                    upload = upload_ahead.put(image)
-                    if not gray:  # `into` now holds this frame (or had another size: cv2 then made a new array)
-                        into = pinned_frame(image.shape)
+                upload = upload_ahead.put(image) if upload_ahead is not None else None
+                if pin:  # `into` now holds this frame (or had another size: cv2 then made a new array)
+                    into = pinned_array(image.shape)
                 frame += 1
                 if not put_unless_stopped(frames, stop, VideoFrame(image, frame == count, upload)):
                     return False
@@ -134,11 +135,11 @@ def _read_one(path: str, vid_stride: int, gray: bool, upload_ahead: Uploads | No
         capture.release()
 
 
-def _read_all(paths: Sequence[str], vid_stride: int, gray: bool, upload_ahead: Uploads | None,
+def _read_all(paths: Sequence[str], vid_stride: int, gray: bool, pin_frames: bool, upload_ahead: Uploads | None,
               gpu_frames: Uploads | None, decoders: int, frames: queue.Queue, stop: threading.Event) -> None:
     try:
         for path in paths:
-            if not _read_one(path, vid_stride, gray, upload_ahead, gpu_frames, decoders, frames, stop):
+            if not _read_one(path, vid_stride, gray, pin_frames, upload_ahead, gpu_frames, decoders, frames, stop):
                 return
     except BaseException as error:  # noqa: BLE001 - handed to the consumer, which raises it
         put_unless_stopped(frames, stop, error)
@@ -156,19 +157,21 @@ class VideoReader:
     :meth:`get` returns, per video, a :class:`VideoStart`, then its :class:`VideoFrame` items, then
     :data:`VIDEO_END` unless the last frame said ``last``; it raises what the reader raised (a video that did not
     open, a decoder error). The thread and its open capture end at :meth:`close` or garbage collection.
-    ``upload_ahead``, when given, uploads each frame cv2 decodes from the reader's thread (:mod:`.upload`), retrieved
-    into pinned memory; the frame carries its upload. ``gpu_frames``, when given, decodes with NVDEC on its device
-    where that gives cv2's frames, with ``decoders`` NVDEC decoders on each video at once
-    (:class:`.nvdec.NvdecVideo`), and holds their GPU copies (see the module docstring).
+    ``pin_frames`` retrieves the frames into pinned memory (for a GPU predictor, whose letterbox then copies them to
+    the GPU from there); ``upload_ahead``, when given, uploads each frame cv2 decodes from the reader's thread
+    (:mod:`.upload`), retrieved into pinned memory too, and the frame carries its upload. ``gpu_frames``, when
+    given, decodes with NVDEC on its device where that gives cv2's frames, with ``decoders`` NVDEC decoders on each
+    video at once (:class:`.nvdec.NvdecVideo`), and holds their GPU copies (see the module docstring).
     """
 
     def __init__(self, paths: Sequence[str], vid_stride: int, gray: bool, capacity: int,
-                 upload_ahead: Uploads | None = None, gpu_frames: Uploads | None = None, decoders: int = 1):
+                 pin_frames: bool = False, upload_ahead: Uploads | None = None, gpu_frames: Uploads | None = None,
+                 decoders: int = 1):
         self._frames: queue.Queue = queue.Queue(maxsize=max(1, capacity))
         stop = threading.Event()
         self._thread = threading.Thread(
             target=_read_all, daemon=True, name="yolo_fastdetect_video",
-            args=(list(paths), vid_stride, gray, upload_ahead, gpu_frames, decoders, self._frames, stop),
+            args=(list(paths), vid_stride, gray, pin_frames, upload_ahead, gpu_frames, decoders, self._frames, stop),
         )
         self._thread.start()
         self._finalizer = weakref.finalize(self, _stop, self._thread, stop, self._frames)
@@ -225,12 +228,13 @@ class VideosInOrder:
     """
 
     def __init__(self, paths: Sequence[str], vid_stride: int, gray: bool, capacity: int, open_videos: int,
-                 upload_ahead: Uploads | None = None, gpu_frames: Uploads | None = None,
+                 pin_frames: bool = False, upload_ahead: Uploads | None = None, gpu_frames: Uploads | None = None,
                  decoders: int = 1):
         self._waiting = collections.deque(paths)
         self._open: collections.deque[VideoReader] = collections.deque()
         self._reader = functools.partial(VideoReader, vid_stride=vid_stride, gray=gray, capacity=capacity,
-                                         upload_ahead=upload_ahead, gpu_frames=gpu_frames, decoders=decoders)
+                                         pin_frames=pin_frames, upload_ahead=upload_ahead, gpu_frames=gpu_frames,
+                                         decoders=decoders)
         self._open_videos = max(1, open_videos)
         self._open_more()
 

@@ -1,0 +1,42 @@
+"""Numpy arrays in pinned host memory: what a video reader retrieves frames into, so that their copies to the GPU
+start from where cv2 wrote them, with no copy on the host first.
+
+The memory is a tensor of PyTorch's caching host allocator, which the array keeps alive (``array.base``). A copy to
+the GPU made from that tensor records its stream with the allocator, which reuses a freed block only once the copies
+that read it have completed; :func:`pinned_tensor_of` gives the tensor back for that copy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def pinned_array(shape: tuple[int, ...]) -> np.ndarray | None:
+    """An uninitialised uint8 array of ``shape`` in pinned host memory, or None where none can be had.
+
+    Examples:
+        >>> frame = pinned_array((720, 1280, 3))  # doctest: +SKIP
+        >>> pinned_tensor_of(frame).is_pinned()  # doctest: +SKIP
+        True
+    """
+    try:
+        return torch.empty(shape, dtype=torch.uint8, pin_memory=True).numpy()
+    except RuntimeError:  # no CUDA, or pinned memory exhausted (frames held by the caller): pageable it is
+        return None
+
+
+def pinned_tensor_of(array: np.ndarray) -> torch.Tensor | None:
+    """The pinned tensor whose bytes ``array`` is, in the same row-major order (made by :func:`pinned_array`), or
+    None.
+
+    Examples:
+        >>> pinned_tensor_of(np.zeros((4, 6, 3), np.uint8)) is None
+        True
+    """
+    base = array.base
+    if (isinstance(base, torch.Tensor) and array.flags.c_contiguous and base.data_ptr() == array.ctypes.data
+            and base.numel() == array.size and base.dtype == torch.uint8 and base.is_contiguous()
+            and base.is_pinned()):
+        return base
+    return None
