@@ -27,6 +27,7 @@ import yolo_fastdetect
 from test_sources import model  # noqa: F401 - a fixture: test_sources' seeded model, scores without ties
 from test_sources_upload import taken  # noqa: F401 - a fixture: what each batch's take_uploads returned
 from video_corpus import write_broken, write_h264, write_opencv
+from yolo_fastdetect import pinned
 from yolo_fastdetect.pinned import pinned_tensor_of
 from yolo_fastdetect.sources import FileLoader, PathListLoader, VideoListLoader, decode_threads, file_loader
 from yolo_fastdetect.sources import upload as upload_module
@@ -141,17 +142,20 @@ def test_list_of_videos_on_a_gpu_letterboxes_from_the_uploads_at_batch_1(model, 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("vid_stride", [1, 3])
-@pytest.mark.parametrize("mode", ["pinned frames", "upload-ahead"])
-def test_a_gpu_predictors_reader_retrieves_into_pinned_memory(clips, vid_stride, mode):
+@pytest.mark.parametrize("mode", ["pinned frames", "upload-ahead", "over the budget"])
+def test_a_gpu_predictors_reader_retrieves_into_pinned_memory(clips, monkeypatch, vid_stride, mode):
     """For a GPU predictor the reader retrieves each frame after the first into pinned memory (with upload-ahead it
-    uploads it from there without a copy): the same frames as a plain reader, each GPU copy equal to its frame."""
+    uploads it from there without a copy), none once the pinned memory in use would exceed the budget: the same
+    frames as a plain reader, each GPU copy equal to its frame."""
+    if mode == "over the budget":
+        monkeypatch.setattr(pinned, "PINNED_BUDGET_BYTES", 0)
     uploads = upload_module.Uploads(torch.device("cuda", 0), capacity=1000) if mode == "upload-ahead" else None
     for clip in clips:
         plain = within(TIMEOUT_S, functools.partial(read_frames, str(clip), vid_stride, False, None))
         ours = within(TIMEOUT_S, functools.partial(read_frames, str(clip), vid_stride, uploads is None, uploads))
         assert len(ours) == len(plain) > 1
         assert all(np.array_equal(a.image, b.image) and a.last == b.last for a, b in zip(ours, plain))
-        assert all(pinned_tensor_of(frame.image) is not None for frame in ours[1:])
+        assert all((pinned_tensor_of(frame.image) is not None) == (mode != "over the budget") for frame in ours[1:])
         assert all(pinned_tensor_of(frame.image) is None for frame in plain)
         if uploads is not None:
             copies = uploads.take([frame.upload for frame in ours])

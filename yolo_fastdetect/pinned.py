@@ -3,7 +3,9 @@ start from where cv2 wrote them, with no copy on the host first.
 
 The memory is a tensor of PyTorch's caching host allocator, which the array keeps alive (``array.base``). A copy to
 the GPU made from that tensor records its stream with the allocator, which reuses a freed block only once the copies
-that read it have completed; :func:`pinned_tensor_of` gives the tensor back for that copy.
+that read it have completed; :func:`pinned_tensor_of` gives the tensor back for that copy. The allocator keeps the
+blocks it made for the life of the process, so frames a caller holds (``stream=False`` on a long video) are pinned
+only up to :data:`PINNED_BUDGET_BYTES` in use; past it they are retrieved into pageable memory, as stock's are.
 """
 
 from __future__ import annotations
@@ -11,9 +13,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+# Pinned memory in use in the process (torch.cuda.host_memory_stats' active bytes) above which no more frames are
+# pinned: about 250 1080p frames (8 MB blocks), four times what the video readers hold decoded ahead at most.
+PINNED_BUDGET_BYTES = 2 << 30
+
 
 def pinned_array(shape: tuple[int, ...]) -> np.ndarray | None:
-    """An uninitialised uint8 array of ``shape`` in pinned host memory, or None where none can be had.
+    """An uninitialised uint8 array of ``shape`` in pinned host memory, or None where none can be had or the pinned
+    memory in use would exceed :data:`PINNED_BUDGET_BYTES`.
 
     Examples:
         >>> frame = pinned_array((720, 1280, 3))  # doctest: +SKIP
@@ -21,8 +28,10 @@ def pinned_array(shape: tuple[int, ...]) -> np.ndarray | None:
         True
     """
     try:
+        if torch.cuda.host_memory_stats().get("active_bytes.current", 0) + int(np.prod(shape)) > PINNED_BUDGET_BYTES:
+            return None
         return torch.empty(shape, dtype=torch.uint8, pin_memory=True).numpy()
-    except RuntimeError:  # no CUDA, or pinned memory exhausted (frames held by the caller): pageable it is
+    except RuntimeError:  # no CUDA, or no pinned memory to be had: pageable it is
         return None
 
 
