@@ -6,12 +6,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
 
 from conftest import HAS_CUDA
 from yolo_fastdetect.bench import val
+from yolo_fastdetect.sources.dataset_batches import DatasetBatches
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,6 +46,28 @@ def test_the_third_side_reads_with_stocks_loader(monkeypatch):
     yolo_fastdetect.enable()
     assert seen == [("stock", False, None), ("ours", True, None), (val.STOCK_LOADER, True, "0")]
     assert "YOLO_FASTDETECT_SOURCES" not in os.environ
+
+
+def test_phases_split_a_call_at_its_loaders_first_and_last_batch():
+    """Set-up until the first batch is asked for, the waits for batches, the rest of the loop, and what follows the
+    last batch: each at least what the block spent there, together the block's wall time."""
+    class SlowSamples:
+        def __getitem__(self, index):
+            time.sleep(0.01)
+            return index
+
+    phases = val.LoaderPhases()
+    with phases.timing():
+        time.sleep(0.05)  # set-up
+        loader = DatasetBatches(SlowSamples(), [[0, 1], [2, 3], [4, 5]], list, threads=1, read_ahead=1)
+        assert [batch for batch in loader if time.sleep(0.02) is None] == [[0, 1], [2, 3], [4, 5]]
+        time.sleep(0.03)  # the metrics
+    seconds = phases.seconds()
+    assert list(seconds) == list(val.PHASES)
+    assert seconds["set-up"] >= 0.05 and seconds["after the loop"] >= 0.03 and seconds["loop"] >= 3 * 0.02
+    assert seconds["loader waits"] >= 0.01  # the first batch at least: its samples are read after it is asked for
+    assert sum(seconds.values()) == pytest.approx(phases.end - phases.begin)
+    assert val.LoaderPhases().seconds() is None  # no loader read
 
 
 def test_cpu_smoke_run_and_records(tmp_path, capsys):

@@ -20,7 +20,9 @@ Reported per model and precision: the median wall time per image, the median of 
 times (``metrics.speed``: preprocess, inference, postprocess) and what the stages leave out (data loading, set-up,
 metrics), and precision, recall, mAP50 and mAP50-95 of both sides as Ultralytics prints them (``%.3g``), with
 whether every printed digit is the same. ``--loader-ab`` adds a third side, ours with stock's validation loader
-(``YOLO_FASTDETECT_SOURCES=0``), to tell what the threaded loader (``patches/val_loader.py``) gives. ``--json
+(``YOLO_FASTDETECT_SOURCES=0``), to tell what the threaded loader (``patches/val_loader.py``) gives. ``--phases``
+splits ours' wall time where the threaded loader applies (:class:`LoaderPhases`): the set-up before the loop asks
+for its first batch, the loop's waits on the loader, the rest of the loop, and what follows its last batch. ``--json
 PATH`` appends a record per row to PATH (the format of ``benchmarks/records/``; ``python
 benchmarks/render_results.py`` renders them into RESULTS.md).
 
@@ -31,6 +33,7 @@ time limit (``2 + 0.05 * batch`` seconds), after which it drops the batch's rema
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import tempfile
@@ -71,28 +74,95 @@ def printed(values) -> list[str]:
     return [f"{float(value):.3g}" for value in values]
 
 
-def val_once(model, data: Path, options: dict, device: str, side: str) -> tuple[float, object]:
+PHASES = ("set-up", "loader waits", "loop", "after the loop")
+
+
+class LoaderPhases:
+    """Where one ``model.val`` call's wall time goes, told by its threaded loader
+    (:class:`~yolo_fastdetect.sources.dataset_batches.DatasetBatches`): :meth:`seconds` of :data:`PHASES` once the
+    call has run inside :meth:`timing`, or None where no such loader was read.
+
+    Examples:
+        >>> phases = LoaderPhases()
+        >>> with phases.timing():  # doctest: +SKIP
+        ...     model.val(data="data.yaml", device=0)
+        >>> phases.seconds()  # doctest: +SKIP
+        {'set-up': 0.071, 'loader waits': 0.163, 'loop': 0.242, 'after the loop': 0.018}
+    """
+
+    def __init__(self):
+        self.begin = self.end = self.first = self.last = None
+        self.waits = 0.0
+
+    @contextlib.contextmanager
+    def timing(self):
+        """Time the block, and each batch asked of a threaded loader in it."""
+        from yolo_fastdetect.sources.dataset_batches import DatasetBatches
+
+        iterate, phases = DatasetBatches.__iter__, self
+
+        def timed(loader):
+            batches = iterate(loader)
+            try:
+                while True:
+                    asked = time.perf_counter()
+                    phases.first = phases.first or asked
+                    try:
+                        batch = next(batches)
+                    except StopIteration:
+                        phases.last = time.perf_counter()
+                        return
+                    phases.waits += time.perf_counter() - asked
+                    yield batch
+            finally:  # also where the caller stops early: the loader's threads end with its iteration
+                batches.close()
+
+        with mock.patch.object(DatasetBatches, "__iter__", timed):
+            self.begin = time.perf_counter()
+            try:
+                yield self
+            finally:
+                self.end = time.perf_counter()
+
+    def seconds(self) -> dict[str, float] | None:
+        """The seconds of each of :data:`PHASES`, which add up to the block's; None where no loader was read to its
+        end."""
+        if self.first is None or self.last is None:
+            return None
+        loop = self.last - self.first
+        values = (self.first - self.begin, self.waits, loop - self.waits, self.end - self.last)
+        return dict(zip(PHASES, values))
+
+
+def val_once(model, data: Path, options: dict, device: str, side: str,
+             phases: LoaderPhases | None = None) -> tuple[float, object]:
     """One ``model.val`` call with the package off (``side`` "stock") or on (``ours``, or :data:`STOCK_LOADER`: with
-    ``YOLO_FASTDETECT_SOURCES=0``, so stock's loader reads the set): its wall seconds and its metrics."""
+    ``YOLO_FASTDETECT_SOURCES=0``, so stock's loader reads the set): its wall seconds and its metrics; ``phases``,
+    where given, times the call's phases."""
     import yolo_fastdetect
 
     (yolo_fastdetect.disable if side == "stock" else yolo_fastdetect.enable)()
     with mock.patch.dict(os.environ, {"YOLO_FASTDETECT_SOURCES": "0"} if side == STOCK_LOADER else {}):
         if device != "cpu":
             torch.cuda.synchronize()
-        begin = time.perf_counter()
-        metrics = model.val(data=str(data), name=side, **options)
-        if device != "cpu":
-            torch.cuda.synchronize()
-        return time.perf_counter() - begin, metrics
+        with phases.timing() if phases is not None else contextlib.nullcontext():
+            begin = time.perf_counter()
+            metrics = model.val(data=str(data), name=side, **options)
+            if device != "cpu":
+                torch.cuda.synchronize()
+            return time.perf_counter() - begin, metrics
 
 
 def summary(runs: dict, images: int) -> dict:
-    """One side's medians: wall ms per image, Ultralytics' stage times per image, and the rest of the wall time."""
+    """One side's medians: wall ms per image, Ultralytics' stage times per image, the rest of the wall time, and
+    with ``--phases`` each of :data:`PHASES` per image (None without)."""
     ms_per_image = statistics.median(runs["wall_s"]) * 1e3 / images
     stage_ms = {stage: statistics.median(speed[stage] for speed in runs["speeds"]) for stage in STAGES}
+    phases = {phase: statistics.median(run[phase] for run in runs["phases"]) * 1e3 / images
+              for phase in PHASES} if runs["phases"] else None
     return {"ms_per_image": ms_per_image, "stages_ms_per_image": stage_ms,
-            "rest_ms_per_image": ms_per_image - sum(stage_ms.values()), "metrics": runs["metrics"]}
+            "rest_ms_per_image": ms_per_image - sum(stage_ms.values()), "metrics": runs["metrics"],
+            "phases_ms_per_image": phases}
 
 
 def bench_model(name: str, args: argparse.Namespace, folder: Path) -> list[dict]:
@@ -111,13 +181,16 @@ def bench_model(name: str, args: argparse.Namespace, folder: Path) -> list[dict]
                    "quantize": 16 if precision == "fp16" else None, "plots": False, "verbose": False,
                    "project": str(folder / "runs"), "exist_ok": True}
         sides = ("stock", "ours", *([STOCK_LOADER] if args.loader_ab else []))
-        runs = {side: {"wall_s": [], "speeds": []} for side in sides}
+        runs = {side: {"wall_s": [], "speeds": [], "phases": []} for side in sides}
         for _ in range(args.warmup):  # the label cache, the workers' first fork, cuDNN's choices, the graphs
             for side in runs:
                 val_once(model, data, options, args.device, side)
         for _ in range(args.repeats):  # alternating, so that a drift of the machine reaches both sides
             for side in runs:
-                seconds, metrics = val_once(model, data, options, args.device, side)
+                phases = LoaderPhases() if args.phases and side == "ours" else None
+                seconds, metrics = val_once(model, data, options, args.device, side, phases)
+                if phases is not None and phases.seconds() is not None:
+                    runs[side]["phases"].append(phases.seconds())
                 runs[side]["wall_s"].append(seconds)
                 runs[side]["speeds"].append(metrics.speed)
                 runs[side]["metrics"] = [float(value) for value in metrics.mean_results()]
@@ -126,6 +199,9 @@ def bench_model(name: str, args: argparse.Namespace, folder: Path) -> list[dict]
                "precision": precision, "logit_scale": args.logit_scale, "raised_bias": args.raised_bias,
                "background": args.background, **{side: summary(runs[side], args.images) for side in runs}}
         row["speedup"] = row["stock"]["ms_per_image"] / row["ours"]["ms_per_image"]
+        if row["ours"]["phases_ms_per_image"]:
+            split = ", ".join(f"{phase} {value:.3f}" for phase, value in row["ours"]["phases_ms_per_image"].items())
+            print(f"  {name} {precision}: ours' wall time, ms per image: {split}", flush=True)
         if args.loader_ab:
             print(f"  {name} {precision}: ours with stock's loader {row[STOCK_LOADER]['ms_per_image']:.3f} ms/img "
                   f"(stages {stages(row[STOCK_LOADER])}), metrics {printed(row[STOCK_LOADER]['metrics'])}", flush=True)
@@ -179,6 +255,8 @@ def records(rows: list[dict], device: str) -> list[dict]:
         }
         if STOCK_LOADER in row:
             figures[f"{STOCK_LOADER}_ms_per_image"] = round(row[STOCK_LOADER]["ms_per_image"], 3)
+        if ours["phases_ms_per_image"]:  # set-up, loader waits, loop, after the loop
+            figures["ours_phases_ms"] = [round(value, 3) for value in ours["phases_ms_per_image"].values()]
         config = {key: row[key] for key in ("model", "images", "batch", "imgsz", "precision")}
         note = MODEL_NOTE.format(scale=row["logit_scale"], raised=row["raised_bias"], background=row["background"],
                                 logging=logger_state())
@@ -208,6 +286,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated images")
     parser.add_argument("--loader-ab", action="store_true",
                         help="also time ours with stock's validation loader (YOLO_FASTDETECT_SOURCES=0)")
+    parser.add_argument("--phases", action="store_true",
+                        help="split ours' wall time at its threaded loader's first and last batch (GPU)")
     parser.add_argument("--json", type=Path, help="append the rows as records to this file (benchmarks/records/)")
     args = parser.parse_args(argv)
     if args.device != "cpu" and not torch.cuda.is_available():
