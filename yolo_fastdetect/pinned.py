@@ -1,5 +1,5 @@
-"""Numpy arrays in pinned host memory: what a video reader retrieves frames into, so that their copies to the GPU
-start from where cv2 wrote them, with no copy on the host first.
+"""Pinned host memory: the val loader's batches (:func:`pinned_empty`), and numpy arrays a video reader retrieves
+frames into, so that their copies to the GPU start from where cv2 wrote them, with no copy on the host first.
 
 The memory is a tensor of PyTorch's caching host allocator, which the array keeps alive (``array.base``). A copy to
 the GPU made from that tensor records its stream with the allocator, which reuses a freed block only once the copies
@@ -18,6 +18,12 @@ import torch
 PINNED_BUDGET_BYTES = 2 << 30
 
 
+def pinned_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised tensor in pinned host memory, from PyTorch's caching host allocator (which reuses freed
+    blocks)."""
+    return torch.empty(shape, dtype=dtype, pin_memory=True)
+
+
 def pinned_array(shape: tuple[int, ...]) -> np.ndarray | None:
     """An uninitialised uint8 array of ``shape`` in pinned host memory, or None where none can be had or the pinned
     memory in use would exceed :data:`PINNED_BUDGET_BYTES`.
@@ -30,7 +36,7 @@ def pinned_array(shape: tuple[int, ...]) -> np.ndarray | None:
     try:
         if torch.cuda.host_memory_stats().get("active_bytes.current", 0) + int(np.prod(shape)) > PINNED_BUDGET_BYTES:
             return None
-        return torch.empty(shape, dtype=torch.uint8, pin_memory=True).numpy()
+        return pinned_empty(shape, torch.uint8).numpy()
     except RuntimeError:  # no CUDA, or no pinned memory to be had: pageable it is
         return None
 

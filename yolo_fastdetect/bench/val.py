@@ -189,8 +189,9 @@ def bench_model(name: str, args: argparse.Namespace, folder: Path) -> list[dict]
             for side in runs:
                 phases = LoaderPhases() if args.phases and side == "ours" else None
                 seconds, metrics = val_once(model, data, options, args.device, side, phases)
-                if phases is not None and phases.seconds() is not None:
-                    runs[side]["phases"].append(phases.seconds())
+                split = phases.seconds() if phases is not None else None
+                if split is not None:
+                    runs[side]["phases"].append(split)
                 runs[side]["wall_s"].append(seconds)
                 runs[side]["speeds"].append(metrics.speed)
                 runs[side]["metrics"] = [float(value) for value in metrics.mean_results()]

@@ -18,12 +18,8 @@ from typing import Any
 
 import torch
 
+from ..pinned import pinned_empty
 from .prefetch import OrderedPrefetch
-
-
-def pinned_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised tensor in pinned host memory (PyTorch's caching host allocator reuses freed blocks)."""
-    return torch.empty(shape, dtype=dtype, pin_memory=True)
 
 
 def collate_stacking_into(collate_fn: Callable[[list], dict], samples: list[dict], key: str,
