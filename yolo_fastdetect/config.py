@@ -109,7 +109,7 @@ _DECLARED = [
              "call)", minimum=0),
     Variable("YOLO_FASTDETECT_SOURCES", SWITCH, True, "1",
              "`0`: Ultralytics' own loaders for every source and for `model.val` (read as a loader is made, as are "
-             "the eight below)"),
+             "the nine below)"),
     Variable("YOLO_FASTDETECT_DECODE_THREADS", INTEGER, _decoder_threads, "CPU cores - 1",
              "decoder threads of a file source (and of `model.val`'s set, by default at most 8)", minimum=1),
     Variable("YOLO_FASTDETECT_READ_AHEAD", INTEGER, 2, "2",
@@ -129,6 +129,9 @@ _DECLARED = [
              "several decodes its closed GOPs on them at once", minimum=1),
     Variable("YOLO_FASTDETECT_DECODER_NICE", SWITCH, True, "1",
              "`0`: the decoder threads of a GPU predictor keep its priority (by default nice +5, Linux)"),
+    Variable("YOLO_FASTDETECT_SWITCH_INTERVAL_US", INTEGER, 200, "200",
+             "while decoder threads run, the interpreter's switch interval in microseconds at most, so that they "
+             "get the GIL from a busy predictor soon; 0 leaves it alone", minimum=0),
     Variable("YOLO_FASTDETECT_BENCH_SCALE_TIMES", PATH, None, "unset",
              "folder where `bench scale`'s actors note each batch's end (the benchmark sets it for them)",
              audience="benchmarks"),

@@ -19,7 +19,7 @@ import functools
 import queue
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import cv2
@@ -31,6 +31,7 @@ from .. import config
 from ..pinned import pinned_array
 from .handoff import drain, get_from, put_unless_stopped
 from .nvdec import NvdecLayoutError, NvdecVideo, nvdec_tags_or_reason
+from .switch_interval import shorter_switch_interval
 from .upload import Upload, Uploads
 
 
@@ -145,10 +146,12 @@ def _read_all(paths: Sequence[str], vid_stride: int, gray: bool, pin_frames: boo
         put_unless_stopped(frames, stop, error)
 
 
-def _stop(thread: threading.Thread, stop: threading.Event, frames: queue.Queue) -> None:
+def _stop(thread: threading.Thread, stop: threading.Event, frames: queue.Queue,
+          release_interval: Callable[[], None]) -> None:
     stop.set()
     thread.join()
     drain(frames)
+    release_interval()
 
 
 class VideoReader:
@@ -173,8 +176,9 @@ class VideoReader:
             target=_read_all, daemon=True, name="yolo_fastdetect_video",
             args=(list(paths), vid_stride, gray, pin_frames, upload_ahead, gpu_frames, decoders, self._frames, stop),
         )
+        release_interval = shorter_switch_interval()
         self._thread.start()
-        self._finalizer = weakref.finalize(self, _stop, self._thread, stop, self._frames)
+        self._finalizer = weakref.finalize(self, _stop, self._thread, stop, self._frames, release_interval)
 
     def get(self) -> VideoStart | VideoFrame | str:
         """The next item; raises the reader's error. Never blocks once the reader has ended."""
