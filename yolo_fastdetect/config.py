@@ -109,7 +109,7 @@ _DECLARED = [
              "call)", minimum=0),
     Variable("YOLO_FASTDETECT_SOURCES", SWITCH, True, "1",
              "`0`: Ultralytics' own loaders for every source and for `model.val` (read as a loader is made, as are "
-             "the nine below)"),
+             "the ten below)"),
     Variable("YOLO_FASTDETECT_DECODE_THREADS", INTEGER, _decoder_threads, "CPU cores - 1",
              "decoder threads of a file source (and of `model.val`'s set, by default at most 8)", minimum=1),
     Variable("YOLO_FASTDETECT_READ_AHEAD", INTEGER, 2, "2",
@@ -124,6 +124,9 @@ _DECLARED = [
     Variable("YOLO_FASTDETECT_GPU_VIDEO", SWITCH, False, "0",
              "`1`: H.264 and HEVC videos decode on the GPU (NVDEC, the `[video]` extra) where that gives cv2's "
              "frames; one log line says why where it does not"),
+    Variable("YOLO_FASTDETECT_PYAV_VIDEO", SWITCH, False, "0",
+             "`1`: H.264 and HEVC videos of a GPU predictor decode with PyAV to planes, converted to BGR on the GPU "
+             "as cv2 converts them (the `[video]` extra); cv2 reads the others"),
     Variable("YOLO_FASTDETECT_NVDEC_DECODERS", INTEGER, 1, "1",
              "with `YOLO_FASTDETECT_GPU_VIDEO=1`: NVDEC decoders shared by the videos open at once; a video given "
              "several decodes its closed GOPs on them at once", minimum=1),

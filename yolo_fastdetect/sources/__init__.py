@@ -59,6 +59,7 @@ LIST_OPENCV_VARIABLE = "YOLO_FASTDETECT_LIST_OPENCV"
 UPLOAD_AHEAD_VARIABLE = "YOLO_FASTDETECT_UPLOAD_AHEAD"
 GPU_JPEG_VARIABLE = "YOLO_FASTDETECT_GPU_JPEG"
 GPU_VIDEO_VARIABLE = "YOLO_FASTDETECT_GPU_VIDEO"
+PYAV_VIDEO_VARIABLE = "YOLO_FASTDETECT_PYAV_VIDEO"
 DECODER_NICE_VARIABLE = "YOLO_FASTDETECT_DECODER_NICE"
 # Upload-ahead pays where the predictor's thread bounds the pipeline (batch 1, a folder or a video), and costs where
 # the decoders do, since they take on the copies (larger batches; a video at batch 8, which its one reader thread
@@ -147,7 +148,7 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3, 
     options = {"batch": batch, "channels": channels, "threads": decode_threads(), "read_ahead": read_ahead(),
                "upload_to": device if upload else None, "lower_priority": nice}
     pin_frames = device is not None  # the letterbox copies pinned frames to the GPU with no copy on the host
-    gpu_video = device if config.get(GPU_VIDEO_VARIABLE) else None
+    gpu_video = device if config.get(GPU_VIDEO_VARIABLE) or config.get(PYAV_VIDEO_VARIABLE) else None
     if streams is None and _is_local_path(source):
         gpu_jpeg = device if config.get(GPU_JPEG_VARIABLE) else None
         return FileLoader(source, vid_stride=vid_stride, gpu_jpeg=gpu_jpeg, gpu_video=gpu_video, pin_frames=pin_frames,

@@ -29,6 +29,7 @@ from ultralytics.utils import LOGGER
 
 from .. import config
 from ..pinned import pinned_array
+from .av_planes import PlanesVideo, planes_tags_or_reason
 from .handoff import drain, get_from, put_unless_stopped
 from .nvdec import NvdecLayoutError, NvdecVideo, nvdec_tags_or_reason
 from .switch_interval import shorter_switch_interval
@@ -61,13 +62,17 @@ def _read_nvdec(path: str, vid_stride: int, count: int, gpu_frames: Uploads, dec
     """Read ``path`` with NVDEC (``decoders`` at once), by stock's rules, where it gives cv2's frames: True or False
     as :func:`_read_one` returns; otherwise the number of frames read (0 where NVDEC does not apply), from which cv2
     reads on."""
-    tags = nvdec_tags_or_reason(path)
+    planes = config.get("YOLO_FASTDETECT_PYAV_VIDEO")
+    tags = planes_tags_or_reason(path) if planes else nvdec_tags_or_reason(path)
     if isinstance(tags, str):
-        LOGGER.info(f"yolo_fastdetect: {path} decodes on the CPU, not with NVDEC: {tags}")
+        how = "with cv2, not PyAV" if planes else "on the CPU, not with NVDEC"
+        LOGGER.info(f"yolo_fastdetect: {path} decodes {how}: {tags}")
         return 0
     frame = decoded = 0
     try:
-        with NvdecVideo(path, gpu_frames.device, tags=tags, decoders=decoders) as video:
+        video = (PlanesVideo(path, gpu_frames.device, tags=tags) if planes
+                 else NvdecVideo(path, gpu_frames.device, tags=tags, decoders=decoders))
+        with video:
             for nvdec_frame in video:
                 decoded += 1
                 if decoded % vid_stride:  # stock grabs vid_stride frames and retrieves the last
@@ -82,7 +87,8 @@ def _read_nvdec(path: str, vid_stride: int, count: int, gpu_frames: Uploads, dec
     except NvdecLayoutError:
         raise  # PyNvVideoCodec changed: an error, not a silent fallback
     except Exception as error:  # noqa: BLE001 - a decoder error: cv2 reads on, as stock reads the file
-        LOGGER.warning(f"yolo_fastdetect: NVDEC failed on {path} after {frame} frames ({error}); cv2 reads on")
+        LOGGER.warning(f"yolo_fastdetect: {'PyAV' if planes else 'NVDEC'} failed on {path} after {frame} frames "
+                       f"({error}); cv2 reads on")
         return frame
     return put_unless_stopped(frames, stop, VIDEO_END)
 
