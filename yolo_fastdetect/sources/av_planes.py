@@ -30,28 +30,18 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from .. import _ext
 from ..ops.video_color import i420_to_bgr
 from ..pinned import pinned_empty
-from .nvdec import FETCH_FRAMES, NvdecFrame, StreamTags, probe_stream, stream_reason
+from .nvdec import FETCH_FRAMES, NvdecFrame, StreamTags, gpu_conversion_tags_or_reason, probe_stream, stream_reason
+
+
+__all__ = ["MidStreamError", "PlanesVideo", "planes_tags_or_reason"]
 
 
 def planes_tags_or_reason(path: str) -> StreamTags | str:
     """``path``'s :class:`.nvdec.StreamTags` where :class:`PlanesVideo` on a CUDA device gives
     ``cv2.VideoCapture``'s frames of it (hand them to it); otherwise why not, one line."""
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    if not _ext.has_cuda_kernels():
-        return "the operators have no CUDA kernels (i420_to_bgr)"
-    try:
-        tags = probe_stream(path)
-    except ImportError:
-        return "PyAV is not installed (pip install 'yolo-fastdetect[video]')"
-    if tags is None:
-        return "PyAV decodes no frame of it"
-    return stream_reason(tags) or tags
-
-__all__ = ["MidStreamError", "PlanesVideo", "planes_tags_or_reason"]
+    return gpu_conversion_tags_or_reason(path, "i420_to_bgr")
 
 
 class MidStreamError(ValueError):

@@ -38,8 +38,8 @@ from .. import _ext
 from ..ops.video_color import nv12_to_bgr, opencv_conversion
 from .gop_segments import InOrderSegments, SegmentOrderError, starts_with_idr
 
-__all__ = ["NvdecFrame", "NvdecLayoutError", "NvdecVideo", "StreamTags", "nvdec_tags_or_reason",
-           "nvdec_unavailable_reason", "package_problem", "probe_stream", "stream_reason"]
+__all__ = ["NvdecFrame", "NvdecLayoutError", "NvdecVideo", "StreamTags", "gpu_conversion_tags_or_reason",
+           "nvdec_tags_or_reason", "nvdec_unavailable_reason", "package_problem", "probe_stream", "stream_reason"]
 
 # FFmpeg's codec names of the streams decoded here (NVDEC decodes others, not checked against cv2).
 NVDEC_CODECS = ("h264", "hevc")
@@ -161,13 +161,16 @@ def stream_reason(tags: StreamTags, opencv_version: str | None = None) -> str | 
 def nvdec_tags_or_reason(path: str) -> StreamTags | str:
     """``path``'s :class:`StreamTags` where :class:`NvdecVideo` gives ``cv2.VideoCapture``'s frames of it (hand them
     to it: the probe decodes a frame); otherwise why not, one line (see :func:`nvdec_unavailable_reason`)."""
-    problem = package_problem()
-    if problem is not None:
-        return problem
+    return package_problem() or gpu_conversion_tags_or_reason(path, "nv12_to_bgr")
+
+
+def gpu_conversion_tags_or_reason(path: str, operator: str) -> StreamTags | str:
+    """``path``'s :class:`StreamTags` where its planes converted on the GPU by ``operator`` (the name, for the
+    reason) give ``cv2.VideoCapture``'s frames; otherwise why not, one line."""
     if not torch.cuda.is_available():
         return "no CUDA device"
     if not _ext.has_cuda_kernels():
-        return "the operators have no CUDA kernels (nv12_to_bgr)"
+        return f"the operators have no CUDA kernels ({operator})"
     try:
         tags = probe_stream(path)
     except ImportError:
