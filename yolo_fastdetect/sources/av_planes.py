@@ -34,7 +34,6 @@ from ..ops.video_color import i420_to_bgr
 from ..pinned import pinned_empty
 from .nvdec import FETCH_FRAMES, NvdecFrame, StreamTags, gpu_conversion_tags_or_reason, probe_stream, stream_reason
 
-
 __all__ = ["MidStreamError", "PlanesVideo", "planes_tags_or_reason"]
 
 
