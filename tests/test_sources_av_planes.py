@@ -170,29 +170,56 @@ def test_frames_equal_cv2s_on_the_gpu(tmp_path, generator, name):
     assert_same_frames([frame.image for frame in frames], opencv_frames(path))
 
 
-# model.predict with YOLO_FASTDETECT_PYAV_VIDEO=1, against stock ---------------------------------------------------
+# model.predict on a GPU, where PyAV's planes are the default, against stock --------------------------------------
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize(("batch", "vid_stride"), [(1, 1), (4, 2)])
-def test_predict_on_videos_matches_stock(model, taken, tmp_path, monkeypatch, batch, vid_stride):
-    monkeypatch.setenv("YOLO_FASTDETECT_PYAV_VIDEO", "1")
+def test_predict_on_videos_matches_stock(model, taken, tmp_path, batch, vid_stride):
     folder = tmp_path / "videos"
     folder.mkdir()
     write_camera_clip(folder / "a.mp4", 9, "320x180", "h264")
     write_camera_clip(folder / "b.mp4", 11, "1366x768", "hevc")
-    write_opencv(folder / "c.mp4", 5, 96, 64)  # MPEG-4 Part 2: read with cv2, one line saying so
+    write_opencv(folder / "c.mp4", 5, 96, 64)  # MPEG-4 Part 2: cv2 reads it, without a word unless PyAV was asked for
     stock, ours = stock_and_ours(model, str(folder), batch=batch, vid_stride=vid_stride, device="cuda")
     assert_same_results(stock["results"], ours["results"])
-    assert ours["batches"] == stock["batches"]
-    assert [line for line in ours["log"] if line not in stock["log"]] == [
-        f"yolo_fastdetect: {folder / 'c.mp4'} decodes with cv2, not PyAV: codec mpeg4 is not H.264 or HEVC"]
+    assert ours["batches"] == stock["batches"] and ours["log"] == stock["log"]
     assert taken and any(copies is not None for copies in taken)  # batches letterboxed from the converted frames
 
 
 @pytest.mark.cuda
-def test_a_list_of_videos_matches_stock_per_video(model, tmp_path, monkeypatch):
+def test_a_stream_it_does_not_read_is_logged_where_asked_for(model, tmp_path, monkeypatch):
     monkeypatch.setenv("YOLO_FASTDETECT_PYAV_VIDEO", "1")
+    path = write_opencv(tmp_path / "mp4v.mp4", 5, 96, 64)
+    stock, ours = stock_and_ours(model, str(path), device="cuda")
+    assert_same_results(stock["results"], ours["results"])
+    assert {line for line in ours["log"] if line not in stock["log"]} == {
+        f"yolo_fastdetect: {path} decodes with cv2, not PyAV: codec mpeg4 is not H.264 or HEVC"}
+
+
+@pytest.mark.cuda
+def test_a_truncated_video_ends_as_stock(model, tmp_path):
+    """Matroska keeps its header first, so a cut file opens and ends early, as a camera's interrupted recording."""
+    path = write_camera_clip(tmp_path / "cut.mkv", 12, "320x180", "h264")
+    path.write_bytes(path.read_bytes()[: path.stat().st_size * 2 // 3])
+    stock, ours = stock_and_ours(model, str(path), device="cuda")
+    assert 0 < len(stock["results"]) < 12
+    assert_same_results(stock["results"], ours["results"])
+    assert ours["batches"] == stock["batches"]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("codec", ["h264", "hevc"])
+def test_garbage_after_a_video_ends_it_as_stock(model, tmp_path, codec):
+    path = write_camera_clip(tmp_path / "garbage.mp4", 12, "320x180", codec)
+    path.write_bytes(path.read_bytes() + np.random.default_rng(0).bytes(5000))
+    stock, ours = within(120, lambda: stock_and_ours(model, str(path), device="cuda"))
+    assert len(stock["results"]) == 12
+    assert_same_results(stock["results"], ours["results"])
+
+
+@pytest.mark.cuda
+def test_a_list_of_videos_matches_stock_per_video(model, tmp_path):
     clips = [write_camera_clip(tmp_path / "a.mp4", 7, "320x180", "h264"),
              write_camera_clip(tmp_path / "b.mp4", 5, "320x180", "hevc"),
              write_camera_clip(tmp_path / "c.mp4", 4, "854x480", "h264")]

@@ -243,6 +243,7 @@ def assert_same_items(ours: list, stock: list) -> None:
 @pytest.mark.parametrize("vid_stride", [1, 2, 3])
 @pytest.mark.parametrize("fail_after", [None, 0, 4])
 def test_reader_with_nvdec_gives_stock_frames_counters_and_end(tmp_path, monkeypatch, vid_stride, fail_after):
+    monkeypatch.setenv("YOLO_FASTDETECT_GPU_VIDEO", "1")
     path = str(write_camera_clip(tmp_path / "clip.mp4", 7, "96x64"))
     probed = nvdec.StreamTags(*BT709_LIMITED)
     monkeypatch.setattr(video_module, "nvdec_tags_or_reason", lambda path: probed)
@@ -264,7 +265,8 @@ def test_reader_with_nvdec_gives_stock_frames_counters_and_end(tmp_path, monkeyp
         f"yolo_fastdetect: NVDEC failed on {path} after {given} frames (CUVID error: bitstream); cv2 reads on"])
 
 
-def test_reader_logs_why_nvdec_does_not_apply_and_reads_with_cv2(tmp_path, fake_pynvvideocodec):
+def test_reader_logs_why_nvdec_does_not_apply_and_reads_with_cv2(tmp_path, fake_pynvvideocodec, monkeypatch):
+    monkeypatch.setenv("YOLO_FASTDETECT_GPU_VIDEO", "1")
     path = str(write_opencv(tmp_path / "clip.mp4", 5, 96, 64))
     fake_pynvvideocodec(None)
     gpu_frames = SimpleNamespace(device=torch.device("cpu"), add=None)

@@ -5,7 +5,6 @@ caller instead of hanging."""
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import random
 import shutil
@@ -121,32 +120,6 @@ def test_prefetch_threads_run_five_nice_steps_below_the_caller_where_asked():
     with OrderedPrefetch(lambda _: own_nice(), range(8), threads=3, window=8) as seen:
         assert list(seen) == [caller] * 8
     assert own_nice() == caller  # the caller's own is untouched
-
-
-def test_the_switch_interval_is_shorter_while_loader_threads_run(folder, monkeypatch):
-    """While any loader's threads run, a busy predictor hands them the GIL after YOLO_FASTDETECT_SWITCH_INTERVAL_US
-    (default 200); the interval from before is back when the last one ends or is collected, a caller's own change
-    meanwhile is kept, and 0 leaves the interval alone."""
-    before = sys.getswitchinterval()
-    images = OrderedPrefetch(str, range(3), threads=1, window=1)
-    frames = video_module.VideoReader([str(folder / "z_clip.mp4")], vid_stride=1, gray=False, capacity=2)
-    assert sys.getswitchinterval() == pytest.approx(200e-6)
-    images.close()
-    assert sys.getswitchinterval() == pytest.approx(200e-6)  # the video's reader still runs
-    del frames
-    gc.collect()
-    assert sys.getswitchinterval() == before
-
-    monkeypatch.setenv("YOLO_FASTDETECT_SWITCH_INTERVAL_US", "50")
-    with OrderedPrefetch(str, range(3), threads=1, window=1):
-        assert sys.getswitchinterval() == pytest.approx(50e-6)
-        sys.setswitchinterval(0.001)  # the caller's own choice, made meanwhile
-    assert sys.getswitchinterval() == pytest.approx(0.001)
-    sys.setswitchinterval(before)
-
-    monkeypatch.setenv("YOLO_FASTDETECT_SWITCH_INTERVAL_US", "0")
-    with OrderedPrefetch(str, range(3), threads=1, window=1):
-        assert sys.getswitchinterval() == before
 
 
 @linux_only

@@ -109,7 +109,7 @@ _DECLARED = [
              "call)", minimum=0),
     Variable("YOLO_FASTDETECT_SOURCES", SWITCH, True, "1",
              "`0`: Ultralytics' own loaders for every source and for `model.val` (read as a loader is made, as are "
-             "the ten below)"),
+             "the nine below)"),
     Variable("YOLO_FASTDETECT_DECODE_THREADS", INTEGER, _decoder_threads, "CPU cores - 1",
              "decoder threads of a file source (and of `model.val`'s set, by default at most 8)", minimum=1),
     Variable("YOLO_FASTDETECT_READ_AHEAD", INTEGER, 2, "2",
@@ -124,17 +124,14 @@ _DECLARED = [
     Variable("YOLO_FASTDETECT_GPU_VIDEO", SWITCH, False, "0",
              "`1`: H.264 and HEVC videos decode on the GPU (NVDEC, the `[video]` extra) where that gives cv2's "
              "frames; one log line says why where it does not"),
-    Variable("YOLO_FASTDETECT_PYAV_VIDEO", SWITCH, False, "0",
-             "`1`: H.264 and HEVC videos of a GPU predictor decode with PyAV to planes, converted to BGR on the GPU "
-             "as cv2 converts them (the `[video]` extra); cv2 reads the others"),
+    Variable("YOLO_FASTDETECT_PYAV_VIDEO", SWITCH, True, "1",
+             "`0`: a GPU predictor's videos decode with cv2, as stock's; by default its H.264 and HEVC videos decode "
+             "with PyAV (the `[video]` extra) to planes that the GPU converts to cv2's BGR bytes"),
     Variable("YOLO_FASTDETECT_NVDEC_DECODERS", INTEGER, 1, "1",
              "with `YOLO_FASTDETECT_GPU_VIDEO=1`: NVDEC decoders shared by the videos open at once; a video given "
              "several decodes its closed GOPs on them at once", minimum=1),
     Variable("YOLO_FASTDETECT_DECODER_NICE", SWITCH, True, "1",
              "`0`: the decoder threads of a GPU predictor keep its priority (by default nice +5, Linux)"),
-    Variable("YOLO_FASTDETECT_SWITCH_INTERVAL_US", INTEGER, 200, "200",
-             "while decoder threads run, the interpreter's switch interval in microseconds at most, so that they "
-             "get the GIL from a busy predictor soon; 0 leaves it alone", minimum=0),
     Variable("YOLO_FASTDETECT_BENCH_SCALE_TIMES", PATH, None, "unset",
              "folder where `bench scale`'s actors note each batch's end (the benchmark sets it for them)",
              audience="benchmarks"),

@@ -4,8 +4,7 @@ Decoding a JPEG with OpenCV or Pillow releases the GIL, so threads decode in par
 runs the GPU. :class:`OrderedPrefetch` keeps at most ``window`` items in flight and returns the results in the
 items' order, so memory stays bounded on a source of any length and a consumer sees exactly the serial order. For
 a predictor on a GPU its threads run at a lower priority than the thread that makes them (Linux: nice +5,
-:func:`_below_the_caller`); while they run, the predictor's thread hands them the GIL sooner
-(:mod:`.switch_interval`).
+:func:`_below_the_caller`).
 """
 
 from __future__ import annotations
@@ -18,8 +17,6 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, TypeVar
-
-from .switch_interval import shorter_switch_interval
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -59,13 +56,12 @@ def read_ahead_window(batch: int, threads: int, read_ahead: int) -> int:
     return max(read_ahead * batch, threads)
 
 
-def _shut_down(executor: ThreadPoolExecutor, pending: deque[Future], release_interval: Callable[[], None]) -> None:
+def _shut_down(executor: ThreadPoolExecutor, pending: deque[Future]) -> None:
     """Cancel what has not started and join the threads (what is running finishes: one decode at most each)."""
     for future in pending:
         future.cancel()
     pending.clear()
     executor.shutdown(wait=True, cancel_futures=True)
-    release_interval()
 
 
 class OrderedPrefetch(Generic[Item, Result]):
@@ -90,7 +86,7 @@ class OrderedPrefetch(Generic[Item, Result]):
         self._pending: deque[Future] = deque()
         self._executor = ThreadPoolExecutor(max(1, threads), thread_name_prefix="yolo_fastdetect_decode",
                                             initializer=_below_the_caller if lower_priority else None)
-        self._finalizer = weakref.finalize(self, _shut_down, self._executor, self._pending, shorter_switch_interval())
+        self._finalizer = weakref.finalize(self, _shut_down, self._executor, self._pending)
         self._fill()
 
     def _fill(self) -> None:

@@ -19,7 +19,7 @@ import functools
 import queue
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import cv2
@@ -32,7 +32,6 @@ from ..pinned import pinned_array
 from .av_planes import PlanesVideo, planes_tags_or_reason
 from .handoff import drain, get_from, put_unless_stopped
 from .nvdec import NvdecLayoutError, NvdecVideo, nvdec_tags_or_reason
-from .switch_interval import shorter_switch_interval
 from .upload import Upload, Uploads
 
 
@@ -57,21 +56,24 @@ class VideoFrame:
 VIDEO_END = "end"  # a grab failed: the video ended before its reported frame count (or could not be read on)
 
 
-def _read_nvdec(path: str, vid_stride: int, count: int, gpu_frames: Uploads, decoders: int, frames: queue.Queue,
-                stop: threading.Event) -> bool | int:
-    """Read ``path`` with NVDEC (``decoders`` at once), by stock's rules, where it gives cv2's frames: True or False
-    as :func:`_read_one` returns; otherwise the number of frames read (0 where NVDEC does not apply), from which cv2
-    reads on."""
-    planes = config.get("YOLO_FASTDETECT_PYAV_VIDEO")
-    tags = planes_tags_or_reason(path) if planes else nvdec_tags_or_reason(path)
+def _read_converted(path: str, vid_stride: int, count: int, gpu_frames: Uploads, decoders: int,
+                    frames: queue.Queue, stop: threading.Event) -> bool | int:
+    """Read ``path`` by stock's rules from a decoder whose frames the GPU converts to cv2's BGR bytes, where that
+    gives cv2's frames: NVDEC (``decoders`` at once) with ``YOLO_FASTDETECT_GPU_VIDEO=1``, otherwise PyAV's planes.
+    True or False as :func:`_read_one` returns; otherwise the number of frames read (0 where the decoder does not
+    apply), from which cv2 reads on. Why a decoder does not apply is logged where the user asked for it."""
+    nvdec = config.get("YOLO_FASTDETECT_GPU_VIDEO")
+    decoder = "NVDEC" if nvdec else "PyAV"
+    tags = nvdec_tags_or_reason(path) if nvdec else planes_tags_or_reason(path)
     if isinstance(tags, str):
-        how = "with cv2, not PyAV" if planes else "on the CPU, not with NVDEC"
-        LOGGER.info(f"yolo_fastdetect: {path} decodes {how}: {tags}")
+        if nvdec or config.is_set("YOLO_FASTDETECT_PYAV_VIDEO"):
+            how = "on the CPU, not with NVDEC" if nvdec else "with cv2, not PyAV"
+            LOGGER.info(f"yolo_fastdetect: {path} decodes {how}: {tags}")
         return 0
     frame = decoded = 0
     try:
-        video = (PlanesVideo(path, gpu_frames.device, tags=tags) if planes
-                 else NvdecVideo(path, gpu_frames.device, tags=tags, decoders=decoders))
+        video = (NvdecVideo(path, gpu_frames.device, tags=tags, decoders=decoders) if nvdec
+                 else PlanesVideo(path, gpu_frames.device, tags=tags))
         with video:
             for nvdec_frame in video:
                 decoded += 1
@@ -87,8 +89,7 @@ def _read_nvdec(path: str, vid_stride: int, count: int, gpu_frames: Uploads, dec
     except NvdecLayoutError:
         raise  # PyNvVideoCodec changed: an error, not a silent fallback
     except Exception as error:  # noqa: BLE001 - a decoder error: cv2 reads on, as stock reads the file
-        LOGGER.warning(f"yolo_fastdetect: {'PyAV' if planes else 'NVDEC'} failed on {path} after {frame} frames "
-                       f"({error}); cv2 reads on")
+        LOGGER.warning(f"yolo_fastdetect: {decoder} failed on {path} after {frame} frames ({error}); cv2 reads on")
         return frame
     return put_unless_stopped(frames, stop, VIDEO_END)
 
@@ -110,7 +111,7 @@ def _read_one(path: str, vid_stride: int, gray: bool, pin_frames: bool, upload_a
             return False
         frame = 0
         if gpu_frames is not None and not gray:
-            outcome = _read_nvdec(path, vid_stride, count, gpu_frames, decoders, frames, stop)
+            outcome = _read_converted(path, vid_stride, count, gpu_frames, decoders, frames, stop)
             if isinstance(outcome, bool):  # (bool before int: a bool is an int)
                 return outcome
             frame = outcome
@@ -152,12 +153,10 @@ def _read_all(paths: Sequence[str], vid_stride: int, gray: bool, pin_frames: boo
         put_unless_stopped(frames, stop, error)
 
 
-def _stop(thread: threading.Thread, stop: threading.Event, frames: queue.Queue,
-          release_interval: Callable[[], None]) -> None:
+def _stop(thread: threading.Thread, stop: threading.Event, frames: queue.Queue) -> None:
     stop.set()
     thread.join()
     drain(frames)
-    release_interval()
 
 
 class VideoReader:
@@ -182,9 +181,8 @@ class VideoReader:
             target=_read_all, daemon=True, name="yolo_fastdetect_video",
             args=(list(paths), vid_stride, gray, pin_frames, upload_ahead, gpu_frames, decoders, self._frames, stop),
         )
-        release_interval = shorter_switch_interval()
         self._thread.start()
-        self._finalizer = weakref.finalize(self, _stop, self._thread, stop, self._frames, release_interval)
+        self._finalizer = weakref.finalize(self, _stop, self._thread, stop, self._frames)
 
     def get(self) -> VideoStart | VideoFrame | str:
         """The next item; raises the reader's error. Never blocks once the reader has ended."""
