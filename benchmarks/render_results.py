@@ -159,12 +159,13 @@ def cv2_ceiling(record) -> str:
 
 
 def video_shares(record) -> str:
-    """Ours as a share of its path's decode-only ceiling: CPU decoding against cv2 (in processes where measured),
-    NVDEC against NVDEC alone."""
+    """Ours as a share of its path's decode-only ceiling: cv2 reading against cv2 (in processes where measured), PyAV's
+    planes and NVDEC against themselves alone."""
     figures = record["figures"]
     cpu_ceiling = figures.get("cv2_processes_decode_fps", figures.get("cv2_decode_fps"))
     shares = [f"{name} {figures[ours] / ceiling:.0%}" for name, ours, ceiling in
-              (("CPU", "ours_cpu_fps", cpu_ceiling), ("NVDEC", "ours_nvdec_fps", figures.get("nvdec_decode_fps")))
+              (("cv2", "ours_cpu_fps", cpu_ceiling), ("PyAV", "ours_pyav_fps", figures.get("pyav_decode_fps")),
+               ("NVDEC", "ours_nvdec_fps", figures.get("nvdec_decode_fps")))
               if ours in figures and ceiling]
     return ", ".join(shares) or "-"
 
@@ -181,13 +182,15 @@ VIDEO_COLUMNS = [
     ("clips", video_clips),
     ("batch", config("batch")),
     ("stock", video_side("stock_fps", "stock_latency_ms")),
-    ("ours CPU decode", video_side("ours_cpu_fps", "ours_latency_ms")),
+    ("ours cv2", video_side("ours_cpu_fps", "ours_latency_ms")),
+    ("ours PyAV planes", frame_rate("ours_pyav_fps")),
     ("ours NVDEC", frame_rate("ours_nvdec_fps")),
     ("cv2 decode-only", cv2_ceiling),
+    ("PyAV planes decode-only", frame_rate("pyav_decode_fps")),
     ("NVDEC decode-only", frame_rate("nvdec_decode_fps")),
     ("ours / decode-only", video_shares),
-    ("same counts CPU / NVDEC", lambda r: fmt([r["figures"].get(f"same_detections_{side}", "-")
-                                               for side in ("cpu", "nvdec")])),
+    ("same counts cv2 / PyAV / NVDEC", lambda r: fmt([r["figures"].get(f"same_detections_{side}", "-")
+                                                      for side in ("cpu", "pyav", "nvdec")])),
 ]
 
 TABLES = {

@@ -49,7 +49,8 @@ def test_cpu_smoke_run_and_records(tmp_path):
         figures = record["figures"]
         assert figures["stock_fps"] > 0 and figures["ours_cpu_fps"] > 0
         assert figures["same_detections_cpu"] is True  # ours decodes on the CPU with stock's frames
-        assert "ours_nvdec_fps" not in figures and record["note"] == "NVDEC not run: no CUDA device"
+        assert "ours_nvdec_fps" not in figures and record["note"] == ("PyAV planes not run: no CUDA device; "
+                                                                        "NVDEC not run: no CUDA device")
     assert one["figures"]["cv2_decode_fps"] > 0
     assert many["figures"]["cv2_threads_decode_fps"] > 0 and many["figures"]["cv2_processes_decode_fps"] > 0
     for side in ("stock", "ours"):

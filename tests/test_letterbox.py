@@ -17,11 +17,9 @@ from ultralytics.utils import ops as stock_ops
 
 from conftest import asset_images, devices
 from yolo_fastdetect import LetterboxGeometry, letterbox, letterbox_geometry, scale_boxes_batch
-from yolo_fastdetect.pinned import pinned_array
 
 # The package exports the function under the module's name, so the module is imported by its full name.
 letterbox_module = importlib.import_module("yolo_fastdetect.ops.letterbox")
-original_pieces = letterbox_module._pieces
 
 # (height, width, new_shape, auto, scaleup, center, stride): odd widths, tiny, large, up- and downscaling, exact
 # 2x both ways, an unchanged size (no resize), rectangular targets, the minimum rectangle, top-left placement.
@@ -216,24 +214,6 @@ def test_one_piece_batch_bit_identical(generator, device):
     for index, image in enumerate(images):
         expected = stock_input([LoadPilAndNumpy._single_check(image)], 320, dtype=torch.float16, device=device)
         assert torch.equal(ours[index : index + 1], expected), index
-
-
-@pytest.mark.cuda
-def test_pinned_frames_copied_from_where_they_are(generator, monkeypatch):
-    """A batch of frames in pinned memory (as a GPU predictor's video reader retrieves them) goes to the GPU without
-    host staging and equals stock's, bit for bit; one pageable image in the batch stages them all as before."""
-    sizes = [(720, 1280), (97, 1111), (481, 1)]
-    frames = [pinned_array((height, width, 3)) for height, width in sizes]
-    for frame, image in zip(frames, (random_images(generator, 1, h, w)[0] for h, w in sizes)):
-        frame[...] = image
-    staged = []
-    monkeypatch.setattr(letterbox_module, "_pieces", lambda *args: staged.append(args) or original_pieces(*args))
-    ours, _ = letterbox(frames, 640, dtype=torch.float16, device="cuda")
-    assert not staged  # nothing went through host staging
-    for index, frame in enumerate(frames):
-        assert torch.equal(ours[index : index + 1], stock_input([frame], dtype=torch.float16, device="cuda")), index
-    mixed = [*frames, np.ascontiguousarray(frames[0])]
-    assert torch.equal(letterbox(mixed, 640, dtype=torch.float16, device="cuda")[0][:3], ours) and staged
 
 
 @pytest.mark.parametrize("device", devices())

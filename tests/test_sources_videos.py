@@ -142,30 +142,29 @@ def test_list_of_videos_on_a_gpu_letterboxes_from_the_uploads_at_batch_1(model, 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("vid_stride", [1, 3])
-@pytest.mark.parametrize("mode", ["pinned frames", "upload-ahead", "over the budget"])
-def test_a_gpu_predictors_reader_retrieves_into_pinned_memory(clips, monkeypatch, vid_stride, mode):
-    """For a GPU predictor the reader retrieves each frame after the first into pinned memory (with upload-ahead it
-    uploads it from there without a copy), none once the pinned memory in use would exceed the budget: the same
-    frames as a plain reader, each GPU copy equal to its frame."""
+@pytest.mark.parametrize("mode", ["upload-ahead", "over the budget"])
+def test_an_uploading_reader_retrieves_into_pinned_memory(clips, monkeypatch, vid_stride, mode):
+    """With upload-ahead the reader retrieves each frame after the first into pinned memory and uploads it from there
+    without a copy, none once the pinned memory in use would exceed the budget: the same frames as a plain reader,
+    each GPU copy equal to its frame."""
     if mode == "over the budget":
         monkeypatch.setattr(pinned, "PINNED_BUDGET_BYTES", 0)
-    uploads = upload_module.Uploads(torch.device("cuda", 0), capacity=1000) if mode == "upload-ahead" else None
+    uploads = upload_module.Uploads(torch.device("cuda", 0), capacity=1000)
     for clip in clips:
-        plain = within(TIMEOUT_S, functools.partial(read_frames, str(clip), vid_stride, False, None))
-        ours = within(TIMEOUT_S, functools.partial(read_frames, str(clip), vid_stride, uploads is None, uploads))
+        plain = within(TIMEOUT_S, functools.partial(read_frames, str(clip), vid_stride, None))
+        ours = within(TIMEOUT_S, functools.partial(read_frames, str(clip), vid_stride, uploads))
         assert len(ours) == len(plain) > 1
         assert all(np.array_equal(a.image, b.image) and a.last == b.last for a, b in zip(ours, plain))
         assert all((pinned_tensor_of(frame.image) is not None) == (mode != "over the budget") for frame in ours[1:])
         assert all(pinned_tensor_of(frame.image) is None for frame in plain)
-        if uploads is not None:
-            copies = uploads.take([frame.upload for frame in ours])
-            torch.cuda.synchronize()
-            assert all(torch.equal(copy.cpu(), torch.from_numpy(frame.image)) for copy, frame in zip(copies, ours))
+        copies = uploads.take([frame.upload for frame in ours])
+        torch.cuda.synchronize()
+        assert all(torch.equal(copy.cpu(), torch.from_numpy(frame.image)) for copy, frame in zip(copies, ours))
 
 
-def read_frames(path: str, vid_stride: int, pin_frames: bool, uploads: upload_module.Uploads | None) -> list:
+def read_frames(path: str, vid_stride: int, uploads: upload_module.Uploads | None) -> list:
     """The :class:`VideoFrame` items a :class:`VideoReader` of ``path`` gives, until the video's last or its end."""
-    reader = VideoReader([path], vid_stride, gray=False, capacity=4, pin_frames=pin_frames, upload_ahead=uploads)
+    reader = VideoReader([path], vid_stride, gray=False, capacity=4, upload_ahead=uploads)
     frames = []
     try:
         while True:

@@ -1,5 +1,6 @@
-"""Pinned host memory: the val loader's batches (:func:`pinned_empty`), and numpy arrays a video reader retrieves
-frames into, so that their copies to the GPU start from where cv2 wrote them, with no copy on the host first.
+"""Pinned host memory: the val loader's batches and the PyAV planes' staging (:func:`pinned_empty`), and numpy arrays
+a video reader that uploads ahead retrieves frames into, so that their copies to the GPU start from where cv2 wrote
+them, with no copy on the host first.
 
 The memory is a tensor of PyTorch's caching host allocator, which the array keeps alive (``array.base``). A copy to
 the GPU made from that tensor records its stream with the allocator, which reuses a freed block only once the copies

@@ -102,6 +102,15 @@ def nvdec_frames(path: Path, decoders: int = 1) -> int:
         return sum(1 for _ in video)
 
 
+def planes_frames(path: Path) -> int:
+    """The frames PyAV's planes alone give of ``path``, converted on the GPU with their pinned host copies, as the
+    loader hands them to the predictor by default."""
+    from yolo_fastdetect.sources.av_planes import PlanesVideo
+
+    with PlanesVideo(str(path), torch.device("cuda", torch.cuda.current_device())) as video:
+        return sum(1 for _ in video)
+
+
 def nvdec_decode_rate(path: Path) -> float:
     """Frames per second of :func:`nvdec_frames`."""
     begin = time.perf_counter()

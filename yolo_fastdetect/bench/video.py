@@ -5,19 +5,21 @@ It writes its own clips in a temporary folder (``--keep DIR`` keeps them): camer
 yuv420p, BT.709, an IDR picture every 2 s as cameras write them) panning and zooming across the wheel's images
 (``bench/_camera_clips.py``). One process, one model
 (``--model``, seeded with raised class biases as the other benchmarks make it; fp16 on CUDA), toggled with
-``yolo_fastdetect.disable()`` / ``enable()``; ours decodes on the CPU with ``YOLO_FASTDETECT_GPU_VIDEO=0`` and with
-NVDEC with ``=1`` (where ``nvdec_unavailable_reason`` allows it; otherwise the row says why). Every timed side runs
+``yolo_fastdetect.disable()`` / ``enable()``; ours reads with cv2 (``YOLO_FASTDETECT_PYAV_VIDEO=0``), with PyAV's
+planes converted on the GPU (``=1``, the default) and with NVDEC (``YOLO_FASTDETECT_GPU_VIDEO=1``), each where it
+applies (otherwise the row says why). Every timed side runs
 once untimed first, then the median of ``--repeats`` passes is reported. Scenarios (``--scenarios``):
 
 - ``one_stream``: one ``--one-stream-size`` clip of ``--frames`` frames, ``model.predict(path, batch=--batch,
   stream=True)``, frames per second; ceilings: ``cv2.VideoCapture`` grab + retrieve of the clip (stock's reader; ours
-  reads a video on one such thread) and NVDEC alone (``sources/nvdec.py``'s ``NvdecVideo`` with the decoders the loader
+  reads a video on one such thread), PyAV's planes alone (``sources/av_planes.py``'s ``PlanesVideo``, converted on the
+  GPU with their host copies) and NVDEC alone (``sources/nvdec.py``'s ``NvdecVideo`` with the decoders the loader
   gives one video: BGR on the GPU and its pinned host copy, as the loader hands frames to the predictor).
 - ``many_streams``: ``--streams`` copies of one ``--many-streams-size`` clip of ``--many-frames`` frames, predicted
   as one list of videos at ``--batch`` (stock has no list-of-videos path: its side predicts each video alone, one
   after the other), total frames per second; ceilings: the clips decoded at once by cv2 on one thread each, by cv2 in
-  one process each (started together after their imports: the many-core ceiling of the CPU path), and by NVDEC on one
-  thread each. Ours / ceiling: CPU decoding against the processes, NVDEC against its threads.
+  one process each (started together after their imports: the many-core ceiling of the CPU path), by PyAV's planes
+  and by NVDEC on one thread each. Ours / ceiling: cv2 against its processes, PyAV and NVDEC against their threads.
 - ``folder``: the same clips as a folder, ``model.predict(folder, batch=--batch, stream=True)``: stock reads a
   folder's videos one after another on the predictor's thread, ours decodes several at once and hands them out in
   stock's order; ceilings as ``many_streams``.
@@ -52,7 +54,7 @@ from ..sources.video import nvdec_decoders
 from . import _cv2_decode
 from ._camera_clips import camera_size, write_camera_clip
 from ._timing import append_records, detecting_model, environment_line, record_header
-from .sources import decoded, nvdec_frames, predict_pass, same_detections
+from .sources import decoded, nvdec_frames, planes_frames, predict_pass, same_detections
 
 SCENARIOS = ("one_stream", "many_streams", "folder", "live_latency")
 
@@ -121,12 +123,29 @@ def nvdec_reason(path: str, device: str) -> str | None:
     return nvdec_unavailable_reason(path)
 
 
+def planes_reason(path: str, device: str) -> str | None:
+    """Why PyAV's planes do not run on ``path`` here, or None."""
+    if device != "cuda":
+        return "no CUDA device"
+    from yolo_fastdetect.sources.av_planes import planes_tags_or_reason
+
+    outcome = planes_tags_or_reason(path)
+    return outcome if isinstance(outcome, str) else None
+
+
+def skipped(reasons: dict[str, str | None]) -> str | None:
+    """The row's note: the sides not run, and why."""
+    names = {"pyav": "PyAV planes", "nvdec": "NVDEC"}
+    return "; ".join(f"{names[side]} not run: {reason}" for side, reason in reasons.items() if reason) or None
+
+
 def predicted_sides(model, source, paths: list[str], batch: int, options: dict, repeats: int,
-                    reason: str | None) -> dict:
-    """Stock (each video alone where ``source`` is a list), ours with CPU decoding and, where ``reason`` is None,
-    ours with NVDEC: each side's median frames per second and whether its detections are stock's."""
+                    reasons: dict[str, str | None]) -> dict:
+    """Stock (each video alone where ``source`` is a list), ours reading with cv2 and, where ``reasons`` has None
+    for them, ours with PyAV's planes and with NVDEC: each side's median frames per second and whether its
+    detections are stock's."""
     import yolo_fastdetect
-    from yolo_fastdetect.sources import GPU_VIDEO_VARIABLE
+    from yolo_fastdetect.sources import GPU_VIDEO_VARIABLE, PYAV_VIDEO_VARIABLE
 
     yolo_fastdetect.disable()
     stock_records: list = []
@@ -136,12 +155,15 @@ def predicted_sides(model, source, paths: list[str], batch: int, options: dict, 
         stock = median_rate(lambda: predict_rate(model, source, batch, options, stock_records), repeats)
     yolo_fastdetect.enable()
     figures = {"stock_fps": stock}
-    for side, value in (("cpu", "0"), ("nvdec", "1")):
-        if side == "nvdec" and reason is not None:
+    settings = {"cpu": {GPU_VIDEO_VARIABLE: "0", PYAV_VIDEO_VARIABLE: "0"},
+                "pyav": {GPU_VIDEO_VARIABLE: "0", PYAV_VIDEO_VARIABLE: "1"},
+                "nvdec": {GPU_VIDEO_VARIABLE: "1", PYAV_VIDEO_VARIABLE: "0"}}
+    for side, environment in settings.items():
+        if reasons.get(side) is not None:
             continue
         records: list = []
         ours_pass = functools.partial(predict_rate, model, source, batch, options, records)
-        with mock.patch.dict(os.environ, {GPU_VIDEO_VARIABLE: value}):  # restored after, whatever it was
+        with mock.patch.dict(os.environ, environment):  # restored after, whatever it was
             figures[f"ours_{side}_fps"] = median_rate(ours_pass, repeats)
         difference = same_detections(by_video(records), by_video(stock_records))
         figures[f"same_detections_{side}"] = difference["same_paths"] and difference["same_counts"]
@@ -150,27 +172,31 @@ def predicted_sides(model, source, paths: list[str], batch: int, options: dict, 
 
 def one_stream(model, path: str, args, options: dict) -> dict:
     """The ``one_stream`` scenario's figures."""
-    reason = nvdec_reason(path, args.device)
-    figures = predicted_sides(model, path, [path], args.batch, options, args.repeats, reason)
+    reasons = {"pyav": planes_reason(path, args.device), "nvdec": nvdec_reason(path, args.device)}
+    figures = predicted_sides(model, path, [path], args.batch, options, args.repeats, reasons)
     figures["cv2_decode_fps"] = median_rate(lambda: concurrent_rate(_cv2_decode.cv2_frames, [path]), args.repeats)
-    if reason is None:
+    if reasons["pyav"] is None:
+        figures["pyav_decode_fps"] = median_rate(lambda: concurrent_rate(planes_frames, [path]), args.repeats)
+    if reasons["nvdec"] is None:
         decode = functools.partial(nvdec_frames, decoders=nvdec_decoders(1))
         figures["nvdec_decode_fps"] = median_rate(lambda: concurrent_rate(decode, [path]), args.repeats)
-    return {"figures": figures, "note": f"NVDEC not run: {reason}" if reason else None}
+    return {"figures": figures, "note": skipped(reasons)}
 
 
 def many_streams(model, source: list[str] | str, paths: list[str], args, options: dict) -> dict:
     """The ``many_streams`` (``source`` the list of ``paths``) and ``folder`` (``source`` their folder) scenarios'
     figures."""
-    reason = nvdec_reason(paths[0], args.device)
-    figures = predicted_sides(model, source, paths, args.batch, options, args.repeats, reason)
+    reasons = {"pyav": planes_reason(paths[0], args.device), "nvdec": nvdec_reason(paths[0], args.device)}
+    figures = predicted_sides(model, source, paths, args.batch, options, args.repeats, reasons)
     figures["cv2_threads_decode_fps"] = median_rate(lambda: concurrent_rate(_cv2_decode.cv2_frames, paths),
                                                     args.repeats)
     figures["cv2_processes_decode_fps"] = median_rate(lambda: processes_rate(paths), args.repeats)
-    if reason is None:
+    if reasons["pyav"] is None:
+        figures["pyav_decode_fps"] = median_rate(lambda: concurrent_rate(planes_frames, paths), args.repeats)
+    if reasons["nvdec"] is None:
         decode = functools.partial(nvdec_frames, decoders=nvdec_decoders(len(paths)))
         figures["nvdec_decode_fps"] = median_rate(lambda: concurrent_rate(decode, paths), args.repeats)
-    return {"figures": figures, "note": f"NVDEC not run: {reason}" if reason else None}
+    return {"figures": figures, "note": skipped(reasons)}
 
 
 def paced(frames: list[np.ndarray], fps: float) -> Iterator[tuple[float, np.ndarray]]:

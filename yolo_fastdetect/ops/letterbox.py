@@ -20,7 +20,6 @@ import numpy as np
 import torch
 
 from .._ext import on_load, require
-from ..pinned import pinned_tensor_of
 
 __all__ = ["LetterboxGeometry", "letterbox", "letterbox_geometry", "scale_boxes_batch"]
 
@@ -240,15 +239,8 @@ def _fill_threaded(staging: torch.Tensor, piece: list[tuple[np.ndarray, int]]) -
 
 def _stage(arrays: Sequence[np.ndarray], offsets: Sequence[int], total: int, device: torch.device) -> torch.Tensor:
     """The numpy images packed at ``offsets`` in one flat uint8 tensor on ``device``: through pinned memory and a
-    non-blocking copy per piece when the device is a GPU. Images already in pinned memory (video frames retrieved
-    there: :mod:`yolo_fastdetect.pinned`) are copied from where they are, with no copy on the host."""
+    non-blocking copy per piece when the device is a GPU."""
     to_gpu = device.type == "cuda"
-    pinned = [pinned_tensor_of(array) for array in arrays] if to_gpu else []
-    if pinned and all(tensor is not None for tensor in pinned):
-        packed = torch.empty(total, dtype=torch.uint8, device=device)
-        for tensor, offset in zip(pinned, offsets):
-            packed[offset : offset + tensor.numel()].copy_(tensor.view(-1), non_blocking=True)
-        return packed
     # torch's caching host allocator reuses the pinned block only once the copies that read it have completed.
     staging = torch.empty(total, dtype=torch.uint8, pin_memory=to_gpu)
     packed = torch.empty(total, dtype=torch.uint8, device=device) if to_gpu else staging

@@ -147,19 +147,16 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3, 
     nice = device is not None and config.get(DECODER_NICE_VARIABLE)
     options = {"batch": batch, "channels": channels, "threads": decode_threads(), "read_ahead": read_ahead(),
                "upload_to": device if upload else None, "lower_priority": nice}
-    pin_frames = device is not None  # the letterbox copies pinned frames to the GPU with no copy on the host
     # Videos whose frames the GPU converts: NVDEC's (opt-in) or PyAV's planes (by default), where a GPU is here.
     converted_video = config.get(GPU_VIDEO_VARIABLE) or config.get(PYAV_VIDEO_VARIABLE)
     gpu_video = device if converted_video and device is not None and torch.cuda.is_available() else None
     if streams is None and _is_local_path(source):
         gpu_jpeg = device if config.get(GPU_JPEG_VARIABLE) else None
-        return FileLoader(source, vid_stride=vid_stride, gpu_jpeg=gpu_jpeg, gpu_video=gpu_video, pin_frames=pin_frames,
-                          **options)
+        return FileLoader(source, vid_stride=vid_stride, gpu_jpeg=gpu_jpeg, gpu_video=gpu_video, **options)
     if video_list:
         open_videos = videos_open_at_once(options["threads"], batch)  # each reader one thread, a batch ahead
         return VideoListLoader(streams or source, batch, vid_stride, channels, open_videos=open_videos,
-                               upload_to=options["upload_to"], gpu_video=gpu_video, interleave=not tracking,
-                               pin_frames=pin_frames)
+                               upload_to=options["upload_to"], gpu_video=gpu_video, interleave=not tracking)
     if path_list:
         return PathListLoader(source, opencv_jpeg=config.get(LIST_OPENCV_VARIABLE), **options)
     return None

@@ -74,12 +74,11 @@ class FileLoader(LoadImagesAndVideos):
             (:mod:`.upload`; each batch carries its images' copies, :class:`.batch.ImageBatch`), or None.
         gpu_jpeg (torch.device | None): A CUDA device to decode the baseline JPEGs on (:mod:`.gpu_jpeg`, opt-in:
             not stock's pixels), or None.
-        gpu_video (torch.device | None): A CUDA device to decode the videos on with NVDEC where that gives cv2's
-            frames (:mod:`.nvdec`; their copies ride in :attr:`uploads`), or None.
+        gpu_video (torch.device | None): A CUDA device that converts the videos' frames where that gives cv2's:
+            decoded by PyAV to planes (:mod:`.av_planes`), or by NVDEC with ``YOLO_FASTDETECT_GPU_VIDEO=1``
+            (:mod:`.nvdec`); their copies ride in :attr:`uploads`. None: cv2 reads them.
         lower_priority (bool): Decoder threads below the caller's priority (:class:`.OrderedPrefetch`; for a
             predictor on a GPU).
-        pin_frames (bool): Video frames retrieved into pinned memory (for a predictor on a GPU, whose letterbox
-            copies them from there: :mod:`yolo_fastdetect.pinned`).
 
     Examples:
         >>> for paths, images, info in FileLoader("path/to/folder", batch=16, threads=8, read_ahead=2):
@@ -88,7 +87,7 @@ class FileLoader(LoadImagesAndVideos):
 
     def __init__(self, path, batch: int = 1, vid_stride: int = 1, channels: int = 3, threads: int = 1,
                  read_ahead: int = 2, upload_to: torch.device | None = None, gpu_jpeg: torch.device | None = None,
-                 gpu_video: torch.device | None = None, lower_priority: bool = False, pin_frames: bool = False):
+                 gpu_video: torch.device | None = None, lower_priority: bool = False):
         super().__init__(path, batch=batch, vid_stride=vid_stride, channels=channels)
         if self.cap:  # stock opened the first video to read its fps and frame count; the reader opens its own
             self.cap.release()
@@ -99,7 +98,6 @@ class FileLoader(LoadImagesAndVideos):
         self.open_videos = min(videos_open_at_once(threads, batch), videos) if videos > 1 else 1
         self.uploads = loader_uploads(upload_to or gpu_jpeg or gpu_video, batch, threads, read_ahead, self.open_videos)
         self._upload_ahead, self._gpu_jpeg, self._gpu_video = upload_to is not None, gpu_jpeg is not None, gpu_video
-        self._pin_frames = pin_frames
         self._images: OrderedPrefetch | None = None
         self._videos: VideoReader | VideosInOrder | None = None
         self._in_video = False
@@ -114,7 +112,7 @@ class FileLoader(LoadImagesAndVideos):
             self._images = OrderedPrefetch(decode, self.files[: self.ni], self.threads, window, self.lower_priority)
         if self.nf > self.ni:
             gray = self.cv2_flag == cv2.IMREAD_GRAYSCALE
-            uploading = {"pin_frames": self._pin_frames, "upload_ahead": self.uploads if self._upload_ahead else None,
+            uploading = {"upload_ahead": self.uploads if self._upload_ahead else None,
                          "gpu_frames": self.uploads if self._gpu_video is not None else None,
                          "decoders": nvdec_decoders(self.open_videos)}
             if self.open_videos > 1:

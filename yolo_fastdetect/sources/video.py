@@ -6,10 +6,13 @@ per loader reads the videos one after another into a bounded queue (the read-ahe
 reported frame count (``CAP_PROP_FRAME_COUNT / vid_stride``) or at the first failed grab; a video that does not open
 raises ``FileNotFoundError("Failed to open video ...")`` when the consumer reaches it.
 
-With ``gpu_frames`` (``YOLO_FASTDETECT_GPU_VIDEO``, a GPU predictor) a video that NVDEC decodes to cv2's frames
-(:mod:`.nvdec`) is read there after cv2 has opened it (stock's errors, frame rate and count): each frame comes as a
-pinned host copy, its BGR tensor held in ``gpu_frames`` (:class:`.upload.Uploads`) for the predictor; where NVDEC does
-not apply one log line says why and cv2 reads it; where NVDEC fails mid-video cv2 reads on from the next frame.
+With ``gpu_frames`` (a GPU predictor) a video whose frames the GPU converts to cv2's bytes is read that way after
+cv2 has opened it (stock's errors, frame rate and count): decoded by PyAV to planes (:mod:`.av_planes`, the default:
+one 720p stream 1,211 against 803 frames/s through cv2 on an H100 host, docs/video_design.md) or, with
+``YOLO_FASTDETECT_GPU_VIDEO=1``, by NVDEC (:mod:`.nvdec`). Each frame comes as a pinned host copy, its BGR tensor held
+in ``gpu_frames`` (:class:`.upload.Uploads`) for the predictor; where the decoder does not apply cv2 reads the video
+(one log line says why, where the user asked for that decoder); where it fails mid-video cv2 reads on from the next
+frame.
 """
 
 from __future__ import annotations
@@ -94,12 +97,11 @@ def _read_converted(path: str, vid_stride: int, count: int, gpu_frames: Uploads,
     return put_unless_stopped(frames, stop, VIDEO_END)
 
 
-def _read_one(path: str, vid_stride: int, gray: bool, pin_frames: bool, upload_ahead: Uploads | None,
-              gpu_frames: Uploads | None, decoders: int, frames: queue.Queue, stop: threading.Event) -> bool:
+def _read_one(path: str, vid_stride: int, gray: bool, upload_ahead: Uploads | None, gpu_frames: Uploads | None,
+              decoders: int, frames: queue.Queue, stop: threading.Event) -> bool:
     """Read one video into ``frames``; False when reading should stop (consumer gone, or the video did not open).
-    With ``pin_frames`` or ``upload_ahead`` each BGR frame after the first is retrieved into pinned memory of the
-    previous frame's size (cv2 gives every frame the first one's), so that its copy to the GPU, by the upload-ahead
-    or the letterbox, starts from there."""
+    With ``upload_ahead`` each BGR frame after the first is retrieved into pinned memory of the previous frame's size
+    (cv2 gives every frame the first one's), so that its copy to the GPU starts from there."""
     capture = cv2.VideoCapture(path)
     try:
         fps = capture.get(cv2.CAP_PROP_FPS)
@@ -115,9 +117,9 @@ def _read_one(path: str, vid_stride: int, gray: bool, pin_frames: bool, upload_a
             if isinstance(outcome, bool):  # (bool before int: a bool is an int)
                 return outcome
             frame = outcome
-            if not all(capture.grab() for _ in range(frame * vid_stride)):  # the frames NVDEC gave
+            if not all(capture.grab() for _ in range(frame * vid_stride)):  # the frames already given
                 return put_unless_stopped(frames, stop, VIDEO_END)
-        pin = (pin_frames or upload_ahead is not None) and not gray
+        pin = upload_ahead is not None and not gray
         into = None  # the pinned array the next frame is retrieved into
         while True:
             grabbed = False
@@ -143,11 +145,11 @@ def _read_one(path: str, vid_stride: int, gray: bool, pin_frames: bool, upload_a
         capture.release()
 
 
-def _read_all(paths: Sequence[str], vid_stride: int, gray: bool, pin_frames: bool, upload_ahead: Uploads | None,
+def _read_all(paths: Sequence[str], vid_stride: int, gray: bool, upload_ahead: Uploads | None,
               gpu_frames: Uploads | None, decoders: int, frames: queue.Queue, stop: threading.Event) -> None:
     try:
         for path in paths:
-            if not _read_one(path, vid_stride, gray, pin_frames, upload_ahead, gpu_frames, decoders, frames, stop):
+            if not _read_one(path, vid_stride, gray, upload_ahead, gpu_frames, decoders, frames, stop):
                 return
     except BaseException as error:  # noqa: BLE001 - handed to the consumer, which raises it
         put_unless_stopped(frames, stop, error)
@@ -165,21 +167,20 @@ class VideoReader:
     :meth:`get` returns, per video, a :class:`VideoStart`, then its :class:`VideoFrame` items, then
     :data:`VIDEO_END` unless the last frame said ``last``; it raises what the reader raised (a video that did not
     open, a decoder error). The thread and its open capture end at :meth:`close` or garbage collection.
-    ``pin_frames`` retrieves the frames into pinned memory (for a GPU predictor, whose letterbox then copies them to
-    the GPU from there); ``upload_ahead``, when given, uploads each frame cv2 decodes from the reader's thread
-    (:mod:`.upload`), retrieved into pinned memory too, and the frame carries its upload. ``gpu_frames``, when
-    given, decodes with NVDEC on its device where that gives cv2's frames, with ``decoders`` NVDEC decoders on each
-    video at once (:class:`.nvdec.NvdecVideo`), and holds their GPU copies (see the module docstring).
+    ``upload_ahead``, when given, uploads each frame cv2 decodes from the reader's thread (:mod:`.upload`),
+    retrieved into pinned memory, and the frame carries its upload. ``gpu_frames``, when given, has the frames
+    converted on its device where that gives cv2's frames, decoded by PyAV (:class:`.av_planes.PlanesVideo`) or, with
+    ``YOLO_FASTDETECT_GPU_VIDEO=1``, by NVDEC with ``decoders`` decoders on each video at once
+    (:class:`.nvdec.NvdecVideo`), and holds their GPU copies (see the module docstring).
     """
 
     def __init__(self, paths: Sequence[str], vid_stride: int, gray: bool, capacity: int,
-                 pin_frames: bool = False, upload_ahead: Uploads | None = None, gpu_frames: Uploads | None = None,
-                 decoders: int = 1):
+                 upload_ahead: Uploads | None = None, gpu_frames: Uploads | None = None, decoders: int = 1):
         self._frames: queue.Queue = queue.Queue(maxsize=max(1, capacity))
         stop = threading.Event()
         self._thread = threading.Thread(
             target=_read_all, daemon=True, name="yolo_fastdetect_video",
-            args=(list(paths), vid_stride, gray, pin_frames, upload_ahead, gpu_frames, decoders, self._frames, stop),
+            args=(list(paths), vid_stride, gray, upload_ahead, gpu_frames, decoders, self._frames, stop),
         )
         self._thread.start()
         self._finalizer = weakref.finalize(self, _stop, self._thread, stop, self._frames)
@@ -236,13 +237,11 @@ class VideosInOrder:
     """
 
     def __init__(self, paths: Sequence[str], vid_stride: int, gray: bool, capacity: int, open_videos: int,
-                 pin_frames: bool = False, upload_ahead: Uploads | None = None, gpu_frames: Uploads | None = None,
-                 decoders: int = 1):
+                 upload_ahead: Uploads | None = None, gpu_frames: Uploads | None = None, decoders: int = 1):
         self._waiting = collections.deque(paths)
         self._open: collections.deque[VideoReader] = collections.deque()
         self._reader = functools.partial(VideoReader, vid_stride=vid_stride, gray=gray, capacity=capacity,
-                                         pin_frames=pin_frames, upload_ahead=upload_ahead, gpu_frames=gpu_frames,
-                                         decoders=decoders)
+                                         upload_ahead=upload_ahead, gpu_frames=gpu_frames, decoders=decoders)
         self._open_videos = max(1, open_videos)
         self._open_more()
 

@@ -110,12 +110,10 @@ class VideoListLoader(LoadImagesAndVideos):
         channels (int): Image channels of the model (1 grayscale, 3 BGR).
         open_videos (int): Videos open (and decoding) at once.
         upload_to (torch.device | None): A CUDA device the reader threads upload the frames to (:mod:`.upload`).
-        gpu_video (torch.device | None): A CUDA device to decode the videos on with NVDEC where that gives cv2's
-            frames (:mod:`.nvdec`; their copies ride in :attr:`uploads`), or None.
+        gpu_video (torch.device | None): A CUDA device that converts the videos' frames where that gives cv2's
+            (PyAV's planes, or NVDEC's: as :class:`.files.FileLoader`); their copies ride in :attr:`uploads`.
         interleave (bool): Hand out the open videos' batches in turn; False for a tracker, which follows one video
             at a time: each video whole, in list order.
-        pin_frames (bool): Frames retrieved into pinned memory (for a predictor on a GPU, whose letterbox copies
-            them from there: :mod:`yolo_fastdetect.pinned`).
 
     Examples:
         >>> for paths, images, info in VideoListLoader(["a.mp4", "b.mp4"], batch=8, open_videos=2):
@@ -124,7 +122,7 @@ class VideoListLoader(LoadImagesAndVideos):
 
     def __init__(self, paths: Sequence[str | Path], batch: int = 1, vid_stride: int = 1, channels: int = 3,
                  open_videos: int = 2, upload_to: torch.device | None = None, gpu_video: torch.device | None = None,
-                 interleave: bool = True, pin_frames: bool = False):
+                 interleave: bool = True):
         # LoadImagesAndVideos.__init__ is not called: it sorts a list and opens its first video.
         files = []
         for p in paths:
@@ -143,7 +141,7 @@ class VideoListLoader(LoadImagesAndVideos):
         device = upload_to or gpu_video
         in_flight = frames_in_flight(min(self.open_videos, self.nf), batch)
         self.uploads = Uploads(device, in_flight) if device is not None else None
-        self._upload_ahead, self._gpu_video, self._pin_frames = upload_to is not None, gpu_video is not None, pin_frames
+        self._upload_ahead, self._gpu_video = upload_to is not None, gpu_video is not None
         self._slots: list[_OpenVideo | None] = []  # the open videos, in their order of the round
         self._turn = 0  # the slot whose batch comes next
         self._next_index = 0  # the next video of the list to open
@@ -160,8 +158,7 @@ class VideoListLoader(LoadImagesAndVideos):
         if self._next_index >= self.nf:
             return None
         reader = VideoReader([self.files[self._next_index]], self.vid_stride, self.cv2_flag == cv2.IMREAD_GRAYSCALE,
-                             self.bs, pin_frames=self._pin_frames,
-                             upload_ahead=self.uploads if self._upload_ahead else None,
+                             self.bs, upload_ahead=self.uploads if self._upload_ahead else None,
                              gpu_frames=self.uploads if self._gpu_video else None,
                              decoders=nvdec_decoders(min(self.open_videos, self.nf)))
         self._next_index += 1
