@@ -289,6 +289,15 @@ def nvdec_ready(monkeypatch):
     monkeypatch.setenv("YOLO_FASTDETECT_GPU_VIDEO", "1")
 
 
+@pytest.fixture(params=["nvdec", "pyav"])
+def converting_decoder(request):
+    """Each decoder whose frames the GPU converts: NVDEC (skipped without PyNvVideoCodec; the switch on), and PyAV's
+    planes (the default)."""
+    if request.param == "nvdec":
+        request.getfixturevalue("nvdec_ready")
+    return request.param
+
+
 def assert_frames_equal_cv2s(path: Path, decoders: int) -> None:
     stock = opencv_frames(path)
     with nvdec.NvdecVideo(str(path), torch.device("cuda", 0), decoders=decoders) as video:
@@ -346,7 +355,7 @@ def test_a_stream_nvdec_does_not_read_is_logged_and_matches_stock(nvdec_ready, m
 
 
 @pytest.mark.cuda
-def test_a_truncated_video_ends_as_stock(nvdec_ready, model, tmp_path):
+def test_a_truncated_video_ends_as_stock(converting_decoder, model, tmp_path):
     """Matroska keeps its header first, so a cut file opens and ends early, as a camera's interrupted recording."""
     path = write_camera_clip(tmp_path / "cut.mkv", 12, "320x180", "h264")
     path.write_bytes(path.read_bytes()[: path.stat().st_size * 2 // 3])
@@ -358,8 +367,8 @@ def test_a_truncated_video_ends_as_stock(nvdec_ready, model, tmp_path):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("codec", ["h264", "hevc"])
-def test_garbage_after_a_video_ends_it_as_stock(nvdec_ready, model, tmp_path, codec):
-    """Random bytes after the container's end (a recording that a crash left unfinished): NVDEC's decoder reads the
+def test_garbage_after_a_video_ends_it_as_stock(converting_decoder, model, tmp_path, codec):
+    """Random bytes after the container's end (a recording that a crash left unfinished): the decoder reads the
     stream to its end, without hanging, and gives stock's frames."""
     path = write_camera_clip(tmp_path / "garbage.mp4", 12, "320x180", codec)
     path.write_bytes(path.read_bytes() + np.random.default_rng(0).bytes(5000))

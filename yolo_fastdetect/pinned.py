@@ -1,15 +1,18 @@
-"""Pinned host memory: the val loader's batches and the PyAV planes' staging (:func:`pinned_empty`), and numpy arrays
-a video reader that uploads ahead retrieves frames into, so that their copies to the GPU start from where cv2 wrote
-them, with no copy on the host first.
+"""Pinned host memory: the val loader's batches and the PyAV planes' staging (:func:`pinned_empty`), the host copies
+of frames converted on the GPU (:func:`host_copy_buffer`), and numpy arrays a video reader that uploads ahead
+retrieves frames into, so that their copies to the GPU start from where cv2 wrote them, with no copy on the host
+first.
 
 The memory is a tensor of PyTorch's caching host allocator, which the array keeps alive (``array.base``). A copy to
 the GPU made from that tensor records its stream with the allocator, which reuses a freed block only once the copies
 that read it have completed; :func:`pinned_tensor_of` gives the tensor back for that copy. The allocator keeps the
 blocks it made for the life of the process, so frames a caller holds (``stream=False`` on a long video) are pinned
-only up to :data:`PINNED_BUDGET_BYTES` in use; past it they are retrieved into pageable memory, as stock's are.
+only up to :data:`PINNED_BUDGET_BYTES` in use; past it they go to pageable memory, as stock's are.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -25,6 +28,31 @@ def pinned_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, pin_memory=True)
 
 
+def within_pinned_budget(nbytes: int) -> bool:
+    """Whether ``nbytes`` more pinned memory keep the process's pinned memory in use (PyTorch's caching host
+    allocator's active bytes) within :data:`PINNED_BUDGET_BYTES`; False where that cannot be read (no CUDA)."""
+    try:
+        return torch.cuda.host_memory_stats().get("active_bytes.current", 0) + nbytes <= PINNED_BUDGET_BYTES
+    except RuntimeError:
+        return False
+
+
+def host_copy_buffer(shape: tuple[int, ...], dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+    """An uninitialised host tensor for a copy from the GPU: pinned (the copy runs asynchronously) while
+    :func:`within_pinned_budget`, pageable past it or where no pinned memory can be had.
+
+    Examples:
+        >>> host = host_copy_buffer((8, 720, 1280, 3))  # doctest: +SKIP
+        >>> host.copy_(frames_on_the_gpu, non_blocking=True)  # doctest: +SKIP
+    """
+    if within_pinned_budget(math.prod(shape) * dtype.itemsize):
+        try:
+            return pinned_empty(shape, dtype)
+        except RuntimeError:  # no pinned memory to be had
+            pass
+    return torch.empty(shape, dtype=dtype)
+
+
 def pinned_array(shape: tuple[int, ...]) -> np.ndarray | None:
     """An uninitialised uint8 array of ``shape`` in pinned host memory, or None where none can be had or the pinned
     memory in use would exceed :data:`PINNED_BUDGET_BYTES`.
@@ -34,11 +62,11 @@ def pinned_array(shape: tuple[int, ...]) -> np.ndarray | None:
         >>> pinned_tensor_of(frame).is_pinned()  # doctest: +SKIP
         True
     """
+    if not within_pinned_budget(math.prod(shape)):
+        return None
     try:
-        if torch.cuda.host_memory_stats().get("active_bytes.current", 0) + int(np.prod(shape)) > PINNED_BUDGET_BYTES:
-            return None
         return pinned_empty(shape, torch.uint8).numpy()
-    except RuntimeError:  # no CUDA, or no pinned memory to be had: pageable it is
+    except RuntimeError:  # no pinned memory to be had: pageable it is
         return None
 
 

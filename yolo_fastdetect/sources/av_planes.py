@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from ..ops.video_color import i420_to_bgr
-from ..pinned import pinned_empty
+from ..pinned import host_copy_buffer, pinned_empty
 from .nvdec import FETCH_FRAMES, NvdecFrame, StreamTags, gpu_conversion_tags_or_reason, probe_stream, stream_reason
 
 __all__ = ["MidStreamError", "PlanesVideo", "planes_tags_or_reason"]
@@ -75,9 +75,9 @@ class PlanesVideo:
     items, the same frames as cv2's.
 
     On a CUDA device ``bgr`` is (H, W, 3) uint8 on the device, written on a ``torch.cuda.Stream`` of the iteration's
-    own (``stream``), and ``image`` its copy in pinned host memory; both are complete when given. On the CPU ``bgr``
-    is a CPU tensor, ``image`` the same bytes (``bgr.numpy()``) and ``stream`` None (where :class:`.nvdec.NvdecFrame`
-    is annotated ``torch.cuda.Stream``).
+    own (``stream``), and ``image`` its host copy (pinned within :mod:`..pinned`'s budget); both are complete when
+    given. On the CPU ``bgr`` is a CPU tensor, ``image`` the same bytes (``bgr.numpy()``) and ``stream`` None
+    (where :class:`.nvdec.NvdecFrame` is annotated ``torch.cuda.Stream``).
 
     Each iteration opens the file and decodes it from the start, closing an earlier one still open. The video keeps
     no strong reference to a running iteration: one abandoned with ``break`` closes its file as it is collected (at
@@ -209,7 +209,8 @@ class PlanesVideo:
 
     def _converted(self, staging: torch.Tensor, count: int, stream: torch.cuda.Stream | None) -> list[NvdecFrame]:
         """The first ``count`` staged frames converted to BGR in one call: on a CUDA device copied there in one
-        transfer, converted on ``stream`` and copied back to pinned host memory in one, and waited for once; per
+        transfer, converted on ``stream`` and copied back to host memory (pinned within its budget) in one, and waited
+        for once; per
         frame its tensor and host array (views of the batch's buffers), complete."""
         if count == 0:
             return []
@@ -219,7 +220,7 @@ class PlanesVideo:
             with torch.cuda.device(self.device), torch.cuda.stream(stream):
                 planes = staging[:count].to(self.device, non_blocking=True)
                 bgr = i420_to_bgr(*self._plane_views(planes), *self._conversion)
-                host = pinned_empty(tuple(bgr.shape), torch.uint8)
+                host = host_copy_buffer(tuple(bgr.shape))
                 host.copy_(bgr, non_blocking=True)
             stream.synchronize()
         return [NvdecFrame(tensor, image, stream) for tensor, image in zip(bgr.unbind(0), host.numpy())]

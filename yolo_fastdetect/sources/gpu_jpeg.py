@@ -9,7 +9,7 @@ The decoder threads still read every file and probe its header; a baseline YCbCr
 ends in its EOI marker comes back as its bytes (:class:`EncodedJpeg`), anything else (progressive, gray, CMYK,
 EXIF-rotated, truncated, PNG, ...) is decoded on the thread by Ultralytics' ``imread`` as without the option. The
 loader then decodes a batch's JPEGs in one call, keeps their BGR copies on the GPU for the patched ``preprocess``
-(:class:`.upload.Uploads`) and hands the predictor host copies (pinned memory) as the original images.
+(:class:`.upload.Uploads`) and hands the predictor host copies (pinned within a budget) as the original images.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from PIL import ExifTags, Image
 
+from ..pinned import host_copy_buffer
 from .jpeg_bytes import ends_in_eoi
 
 GPU_JPEG_SUFFIXES = (".jpg", ".jpeg")
@@ -58,8 +59,8 @@ def read_for_gpu(path: str) -> EncodedJpeg | None:
 
 
 def decode_on_gpu(jpegs: list[EncodedJpeg], device: torch.device) -> list[tuple[np.ndarray, torch.Tensor]] | None:
-    """Decode ``jpegs`` in one nvJPEG call: per file its BGR image in pinned host memory and its (H, W, 3) uint8 BGR
-    copy on ``device``; None if the call fails (the caller decodes them on the CPU)."""
+    """Decode ``jpegs`` in one nvJPEG call: per file its BGR image in host memory (pinned within a budget) and its
+    (H, W, 3) uint8 BGR copy on ``device``; None if the call fails (the caller decodes them on the CPU)."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
     # The hardware decoder has been seen to ignore stream order and write into buffers still in use (torchcodec
@@ -73,7 +74,7 @@ def decode_on_gpu(jpegs: list[EncodedJpeg], device: torch.device) -> list[tuple[
     images = []
     for rgb in decoded:
         bgr = rgb.flip(0).permute(1, 2, 0).contiguous()  # RGB (3, H, W) -> BGR (H, W, 3), as imread gives
-        host = torch.empty(bgr.shape, dtype=torch.uint8, pin_memory=True)
+        host = host_copy_buffer(tuple(bgr.shape))
         host.copy_(bgr, non_blocking=True)
         images.append((host, bgr))
     torch.cuda.current_stream(device).synchronize()

@@ -36,6 +36,7 @@ import torch
 
 from .. import _ext
 from ..ops.video_color import nv12_to_bgr, opencv_conversion
+from ..pinned import host_copy_buffer
 from .gop_segments import InOrderSegments, SegmentOrderError, starts_with_idr
 
 __all__ = ["NvdecFrame", "NvdecLayoutError", "NvdecVideo", "StreamTags", "gpu_conversion_tags_or_reason",
@@ -199,8 +200,8 @@ class NvdecFrame:
 
     Attributes:
         bgr (torch.Tensor): (H, W, 3) uint8 BGR on the video's device, allocated on :attr:`stream`.
-        image (np.ndarray): Its copy in pinned host memory: the original image ``Results`` keep, as stock's
-            ``cv2.VideoCapture`` frame.
+        image (np.ndarray): Its host copy (pinned within :mod:`yolo_fastdetect.pinned`'s budget): the original
+            image ``Results`` keep, as stock's ``cv2.VideoCapture`` frame.
         stream (torch.cuda.Stream): The decoder's stream, on which :attr:`bgr` was written.
     """
 
@@ -331,15 +332,15 @@ class NvdecVideo:
 
     def _to_bgr(self, frames: list, stream: torch.cuda.Stream) -> list[tuple[torch.Tensor, np.ndarray]]:
         """``frames`` (NV12 in the decoder's buffers) converted to BGR on ``stream`` in one launch and copied to
-        pinned host memory in one transfer: per frame its (H, W, 3) tensor and host array (views of the batch's two
-        buffers); both done on return, so the decoder may reuse its buffers. A batch costs a few calls that give up
-        the GIL, not a few per frame (docs/video_design.md)."""
+        host memory (pinned within its budget) in one transfer: per frame its (H, W, 3) tensor and host array (views
+        of the batch's two buffers); both done on return, so the decoder may reuse its buffers. A batch costs a few
+        calls that give up the GIL, not a few per frame (docs/video_design.md)."""
         height, width = self.tags.height, self.tags.width
         with torch.cuda.device(self.device), torch.cuda.stream(stream):
             surfaces = torch.stack([self._nv12_buffer(frame) for frame in frames])
             bgr = nv12_to_bgr(surfaces[:, :height, :width], surfaces[:, height:, : 2 * ((width + 1) // 2)],
                               *self._conversion)
-            host = torch.empty(bgr.shape, dtype=torch.uint8, pin_memory=True)
+            host = host_copy_buffer(tuple(bgr.shape))
             host.copy_(bgr, non_blocking=True)
         stream.synchronize()
         return list(zip(bgr.unbind(0), host.numpy()))
