@@ -96,7 +96,9 @@ class FileLoader(LoadImagesAndVideos):
         self.threads, self.read_ahead, self.lower_priority = threads, read_ahead, lower_priority
         videos = self.nf - self.ni
         self.open_videos = min(videos_open_at_once(threads, batch), videos) if videos > 1 else 1
-        self.uploads = loader_uploads(upload_to or gpu_jpeg or gpu_video, batch, threads, read_ahead, self.open_videos)
+        converted_video = gpu_video if videos else None  # (no uploads for a source of images only)
+        self.uploads = loader_uploads(upload_to or gpu_jpeg or converted_video, batch, threads, read_ahead,
+                                      self.open_videos)
         self._upload_ahead, self._gpu_jpeg, self._gpu_video = upload_to is not None, gpu_jpeg is not None, gpu_video
         self._images: OrderedPrefetch | None = None
         self._videos: VideoReader | VideosInOrder | None = None
