@@ -133,6 +133,21 @@ def planes_reason(path: str, device: str) -> str | None:
     return outcome if isinstance(outcome, str) else None
 
 
+def converted_reasons(path: str, device: str) -> dict[str, str | None]:
+    """Per side whose frames the GPU converts (``pyav``, ``nvdec``), why it does not run on ``path`` here, or None."""
+    return {"pyav": planes_reason(path, device), "nvdec": nvdec_reason(path, device)}
+
+
+def add_converted_ceilings(figures: dict, reasons: dict[str, str | None], paths: list[str], repeats: int) -> None:
+    """Add the decode-only ceilings of PyAV's planes and of NVDEC on ``paths`` at once (one thread each) to
+    ``figures``, each where ``reasons`` lets it run; NVDEC with the decoders the loader gives that many videos."""
+    if reasons["pyav"] is None:
+        figures["pyav_decode_fps"] = median_rate(lambda: concurrent_rate(planes_frames, paths), repeats)
+    if reasons["nvdec"] is None:
+        decode = functools.partial(nvdec_frames, decoders=nvdec_decoders(len(paths)))
+        figures["nvdec_decode_fps"] = median_rate(lambda: concurrent_rate(decode, paths), repeats)
+
+
 def skipped(reasons: dict[str, str | None]) -> str | None:
     """The row's note: the sides not run, and why."""
     names = {"pyav": "PyAV planes", "nvdec": "NVDEC"}
@@ -172,30 +187,22 @@ def predicted_sides(model, source, paths: list[str], batch: int, options: dict, 
 
 def one_stream(model, path: str, args, options: dict) -> dict:
     """The ``one_stream`` scenario's figures."""
-    reasons = {"pyav": planes_reason(path, args.device), "nvdec": nvdec_reason(path, args.device)}
+    reasons = converted_reasons(path, args.device)
     figures = predicted_sides(model, path, [path], args.batch, options, args.repeats, reasons)
     figures["cv2_decode_fps"] = median_rate(lambda: concurrent_rate(_cv2_decode.cv2_frames, [path]), args.repeats)
-    if reasons["pyav"] is None:
-        figures["pyav_decode_fps"] = median_rate(lambda: concurrent_rate(planes_frames, [path]), args.repeats)
-    if reasons["nvdec"] is None:
-        decode = functools.partial(nvdec_frames, decoders=nvdec_decoders(1))
-        figures["nvdec_decode_fps"] = median_rate(lambda: concurrent_rate(decode, [path]), args.repeats)
+    add_converted_ceilings(figures, reasons, [path], args.repeats)
     return {"figures": figures, "note": skipped(reasons)}
 
 
 def many_streams(model, source: list[str] | str, paths: list[str], args, options: dict) -> dict:
     """The ``many_streams`` (``source`` the list of ``paths``) and ``folder`` (``source`` their folder) scenarios'
     figures."""
-    reasons = {"pyav": planes_reason(paths[0], args.device), "nvdec": nvdec_reason(paths[0], args.device)}
+    reasons = converted_reasons(paths[0], args.device)
     figures = predicted_sides(model, source, paths, args.batch, options, args.repeats, reasons)
     figures["cv2_threads_decode_fps"] = median_rate(lambda: concurrent_rate(_cv2_decode.cv2_frames, paths),
                                                     args.repeats)
     figures["cv2_processes_decode_fps"] = median_rate(lambda: processes_rate(paths), args.repeats)
-    if reasons["pyav"] is None:
-        figures["pyav_decode_fps"] = median_rate(lambda: concurrent_rate(planes_frames, paths), args.repeats)
-    if reasons["nvdec"] is None:
-        decode = functools.partial(nvdec_frames, decoders=nvdec_decoders(len(paths)))
-        figures["nvdec_decode_fps"] = median_rate(lambda: concurrent_rate(decode, paths), args.repeats)
+    add_converted_ceilings(figures, reasons, paths, args.repeats)
     return {"figures": figures, "note": skipped(reasons)}
 
 

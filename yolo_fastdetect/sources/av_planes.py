@@ -1,8 +1,8 @@
 """A video decoded on the CPU by PyAV to its Y, U and V planes and converted to BGR on a given device, giving
 ``cv2.VideoCapture``'s frames of the streams :func:`.nvdec.stream_reason` passes.
 
-Why (docs/video_design.md, "A lead for the CPU path"): cv2's reader spends a good part of each frame in swscale's
-conversion to BGR, on the reader's own thread. FFmpeg decoding the same stream with frame threads
+Why (docs/video_design.md, "The default for a GPU predictor"): cv2's reader spends a good part of each frame in
+swscale's conversion to BGR, on the reader's own thread. FFmpeg decoding the same stream with frame threads
 (``thread_type="AUTO"``) and stopping at the planes ran 1.35-1.6x as fast as cv2's grab and retrieve on the 2-core
 development machine. H.264 and HEVC decode exactly by their standards, so the planes are the ones cv2's swscale
 converts, and :func:`..ops.i420_to_bgr` with the parameters of :meth:`.nvdec.StreamTags.conversion` gives swscale's
@@ -10,7 +10,8 @@ bytes ("Why the operator is exact"); on a GPU the conversion leaves the CPU alto
 copy there.
 
 On a CUDA device the frames go in batches of :data:`.nvdec.FETCH_FRAMES`: each batch's planes are copied into one
-pinned host buffer, sent in one copy, converted in one launch, copied back in one transfer and waited for once, so a
+pinned host buffer, sent in one copy, converted in one launch, copied back in one transfer (to pinned memory within
+:mod:`..pinned`'s budget) and waited for once, so a
 batch gives up the GIL a handful of times rather than a few times per frame (docs/video_design.md, "One decoder
 without the GIL"). The frames are :class:`.nvdec.NvdecFrame` items, as :class:`.nvdec.NvdecVideo` gives them.
 
@@ -100,7 +101,7 @@ class PlanesVideo:
 
     Examples:
         >>> with PlanesVideo("clip.mp4", "cuda") as video:  # doctest: +SKIP
-        ...     for frame in video:  # frame.bgr: (720, 1280, 3) uint8 on cuda:0; frame.image: its pinned host copy
+        ...     for frame in video:  # frame.bgr: (720, 1280, 3) uint8 on cuda:0; frame.image: its host copy
         ...         pass
         >>> [frame.image.shape for frame in PlanesVideo("clip.mp4", "cpu")][:2]  # doctest: +SKIP
         [(720, 1280, 3), (720, 1280, 3)]
@@ -210,8 +211,7 @@ class PlanesVideo:
     def _converted(self, staging: torch.Tensor, count: int, stream: torch.cuda.Stream | None) -> list[NvdecFrame]:
         """The first ``count`` staged frames converted to BGR in one call: on a CUDA device copied there in one
         transfer, converted on ``stream`` and copied back to host memory (pinned within its budget) in one, and waited
-        for once; per
-        frame its tensor and host array (views of the batch's buffers), complete."""
+        for once; per frame its tensor and host array (views of the batch's buffers), complete."""
         if count == 0:
             return []
         if stream is None:

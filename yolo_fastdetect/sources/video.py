@@ -9,10 +9,10 @@ raises ``FileNotFoundError("Failed to open video ...")`` when the consumer reach
 With ``gpu_frames`` (a GPU predictor) a video whose frames the GPU converts to cv2's bytes is read that way after
 cv2 has opened it (stock's errors, frame rate and count): decoded by PyAV to planes (:mod:`.av_planes`, the default:
 one 720p stream 1,211 against 803 frames/s through cv2 on an H100 host, docs/video_design.md) or, with
-``YOLO_FASTDETECT_GPU_VIDEO=1``, by NVDEC (:mod:`.nvdec`). Each frame comes as a pinned host copy, its BGR tensor held
-in ``gpu_frames`` (:class:`.upload.Uploads`) for the predictor; where the decoder does not apply cv2 reads the video
-(one log line says why, where the user asked for that decoder); where it fails mid-video cv2 reads on from the next
-frame.
+``YOLO_FASTDETECT_GPU_VIDEO=1``, by NVDEC (:mod:`.nvdec`). Each frame comes as a host copy (pinned within
+:mod:`..pinned`'s budget), its BGR tensor held in ``gpu_frames`` (:class:`.upload.Uploads`) for the predictor; where
+the decoder does not apply cv2 reads the video (one log line says why, where the user asked for that decoder); where
+it fails mid-video cv2 reads on from the next frame.
 """
 
 from __future__ import annotations
