@@ -70,6 +70,33 @@ def test_phases_split_a_call_at_its_loaders_first_and_last_batch():
     assert val.LoaderPhases().seconds() is None  # no loader read
 
 
+def test_setup_split_at_the_validators_steps():
+    """The set-up's steps end where the validator's methods return, together the set-up; a step not taken counts
+    with the next; the garbage collector's time is counted."""
+    import gc
+
+    from ultralytics.engine.validator import BaseValidator
+    from ultralytics.nn.autobackend import AutoBackend
+
+    phases = val.LoaderPhases()
+    with phases.timing():
+        time.sleep(0.02)
+        BaseValidator.get_model(None, "model")  # (stock's or the patch's: a str is not a model to copy)
+        time.sleep(0.03)
+        with pytest.raises(AttributeError):
+            AutoBackend.warmup(None)  # the warm-up's end noted, though it failed
+        gc.collect()
+        loader = DatasetBatches(list(range(4)), [[0, 1], [2, 3]], list, threads=1, read_ahead=1)
+        assert list(loader) == [[0, 1], [2, 3]]
+    split = phases.setup_seconds()
+    assert list(split) == list(val.SETUP_STEPS)
+    assert split["model copy"] >= 0.02 and split["AutoBackend"] == 0.0 and split["dataset and loader"] == 0.0
+    assert split["warm-up"] >= 0.03
+    assert sum(split.values()) == pytest.approx(phases.seconds()["set-up"])
+    assert phases.gc_seconds > 0
+    assert val.LoaderPhases().setup_seconds() is None
+
+
 def test_cpu_smoke_run_and_records(tmp_path, capsys):
     records = tmp_path / "val.json"
     records.write_text(json.dumps([{"benchmark": "val", "kept": True}]))

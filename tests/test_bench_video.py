@@ -34,7 +34,7 @@ def test_paced_releases_frames_at_the_source_rate():
 def test_cpu_smoke_run_and_records(tmp_path):
     pytest.importorskip("av")
     records = tmp_path / "video.json"
-    video.main([*SMOKE, "--json", str(records)])
+    video.main([*SMOKE, "--phases", "--json", str(records)])
     made = json.loads(records.read_text())
     assert [record["config"]["scenario"] for record in made] == list(video.SCENARIOS)
     one, many, folder, live = made
@@ -49,6 +49,8 @@ def test_cpu_smoke_run_and_records(tmp_path):
         figures = record["figures"]
         assert figures["stock_fps"] > 0 and figures["ours_cpu_fps"] > 0
         assert figures["same_detections_cpu"] is True  # ours decodes on the CPU with stock's frames
+        waits, *stages, rest = figures["ours_cpu_phases_us"]
+        assert waits == -1 and all(stage > 0 for stage in stages)  # (no _prefetch on the CPU: waits not told)
         assert "ours_nvdec_fps" not in figures and record["note"] == ("PyAV planes not run: no CUDA device; "
                                                                         "NVDEC not run: no CUDA device")
     assert one["figures"]["cv2_decode_fps"] > 0
@@ -64,3 +66,43 @@ def test_cpu_smoke_run_and_records(tmp_path):
     assert "## Video (`bench video`)" in page
     assert f"| one_stream | 1x 160x96, 6 frames | 2 | {one['figures']['stock_fps']:.0f} |" in page
     assert "NVDEC not run: no CUDA device." in page
+
+
+def test_predict_phases_add_up_to_the_pass(monkeypatch):
+    """The split of a pass adds up to its wall time per frame; the batch waits are those on stock's ``_prefetch``,
+    told only where the pass read through it."""
+    import time
+
+    from ultralytics.engine import predictor
+
+    from yolo_fastdetect.bench import _predict_phases
+
+    class Result:
+        speed = {"preprocess": 1.0, "inference": 2.0, "postprocess": 0.5}
+        boxes = type("Boxes", (), {"cpu": lambda self: self})()
+
+    def slow():
+        for _ in range(3):
+            time.sleep(0.02)  # the source's batch
+            yield "batch"
+
+    class Model:
+        def __init__(self, prefetch):
+            self.prefetch = prefetch
+
+        def predict(self, source, stream, batch, **options):
+            batches = predictor._prefetch(slow()) if self.prefetch else slow()
+            for _ in batches:
+                yield Result()
+
+    for prefetch in (True, False):
+        begin = time.perf_counter()
+        phases = _predict_phases.predict_phases(Model(prefetch), "clip.mp4", 1, {"device": "cpu"})
+        wall_us = (time.perf_counter() - begin) * 1e6 / 3
+        assert list(phases) == list(_predict_phases.PREDICT_PHASES)
+        assert phases["preprocess"] == 1000 and phases["inference"] == 2000 and phases["postprocess"] == 500
+        assert sum(value or 0 for value in phases.values()) == pytest.approx(wall_us, rel=0.05)
+        if prefetch:
+            assert phases["batch waits"] >= 0.015e6  # each batch takes 20 ms to come, and nothing overlaps it
+        else:
+            assert phases["batch waits"] is None

@@ -22,7 +22,8 @@ metrics), and precision, recall, mAP50 and mAP50-95 of both sides as Ultralytics
 whether every printed digit is the same. ``--loader-ab`` adds a third side, ours with stock's validation loader
 (``YOLO_FASTDETECT_SOURCES=0``), to tell what the threaded loader (``patches/val_loader.py``) gives. ``--phases``
 splits ours' wall time where the threaded loader applies (:class:`LoaderPhases`): the set-up before the loop asks
-for its first batch, the loop's waits on the loader, the rest of the loop, and what follows its last batch. ``--json
+for its first batch (split at the validator's steps, :data:`SETUP_STEPS`, ms a call), the loop's waits on the
+loader, the rest of the loop, and what follows its last batch, with the garbage collector's time in the call. ``--json
 PATH`` appends a record per row to PATH (the format of ``benchmarks/records/``; ``python
 benchmarks/render_results.py`` renders them into RESULTS.md).
 
@@ -34,6 +35,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import gc
 import os
 import statistics
 import tempfile
@@ -75,12 +78,18 @@ def printed(values) -> list[str]:
 
 
 PHASES = ("set-up", "loader waits", "loop", "after the loop")
+# The set-up split at the validator's steps, each ending where the step's method returns (``get_model``, the
+# ``AutoBackend`` made, ``get_dataloader``, ``AutoBackend.warmup``) and the last where the loop asks for its first
+# batch; a step a release does not take is counted with the next.
+SETUP_STEPS = ("model copy", "AutoBackend", "dataset and loader", "warm-up", "to the first batch")
 
 
 class LoaderPhases:
     """Where one ``model.val`` call's wall time goes, told by its threaded loader
     (:class:`~yolo_fastdetect.sources.dataset_batches.DatasetBatches`): :meth:`seconds` of :data:`PHASES` once the
-    call has run inside :meth:`timing`, or None where no such loader was read.
+    call has run inside :meth:`timing`, or None where no such loader was read; :meth:`setup_seconds` splits the
+    set-up at :data:`SETUP_STEPS`, and :attr:`gc_seconds` is what Python's garbage collector took in the block (all
+    threads; a full collection walks every object of the process).
 
     Examples:
         >>> phases = LoaderPhases()
@@ -92,11 +101,39 @@ class LoaderPhases:
 
     def __init__(self):
         self.begin = self.end = self.first = self.last = None
-        self.waits = 0.0
+        self.waits = self.gc_seconds = 0.0
+        self.steps: dict[str, float] = {}  # the first time each set-up step ended
+        self._collecting: float | None = None  # when the garbage collection under way started
+
+    def _ended(self, step: str, method):
+        """``method``, noting when its first call returns as the end of ``step``."""
+        phases = self
+
+        @functools.wraps(method)
+        def noted(*args, **kwargs):
+            try:
+                return method(*args, **kwargs)
+            finally:
+                phases.steps.setdefault(step, time.perf_counter())
+
+        return noted
+
+    def _collected(self, phase: str, info: dict) -> None:
+        """A ``gc.callbacks`` entry: the collections' time, start to stop."""
+        if phase == "start":
+            self._collecting = time.perf_counter()
+        elif self._collecting is not None:
+            self.gc_seconds += time.perf_counter() - self._collecting
+            self._collecting = None
 
     @contextlib.contextmanager
     def timing(self):
-        """Time the block, and each batch asked of a threaded loader in it."""
+        """Time the block, its set-up steps, its garbage collections, and each batch asked of a threaded loader in
+        it."""
+        from ultralytics.engine.validator import BaseValidator
+        from ultralytics.models.yolo.detect import DetectionValidator
+        from ultralytics.nn.autobackend import AutoBackend
+
         from yolo_fastdetect.sources.dataset_batches import DatasetBatches
 
         iterate, phases = DatasetBatches.__iter__, self
@@ -117,7 +154,15 @@ class LoaderPhases:
             finally:  # also where the caller stops early: the loader's threads end with its iteration
                 batches.close()
 
-        with mock.patch.object(DatasetBatches, "__iter__", timed):
+        steps = [(BaseValidator, "get_model", SETUP_STEPS[0]), (AutoBackend, "__init__", SETUP_STEPS[1]),
+                 (DetectionValidator, "get_dataloader", SETUP_STEPS[2]), (AutoBackend, "warmup", SETUP_STEPS[3])]
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(mock.patch.object(DatasetBatches, "__iter__", timed))
+            for owner, name, step in steps:
+                if callable(getattr(owner, name, None)):
+                    stack.enter_context(mock.patch.object(owner, name, self._ended(step, getattr(owner, name))))
+            gc.callbacks.append(self._collected)
+            stack.callback(gc.callbacks.remove, self._collected)
             self.begin = time.perf_counter()
             try:
                 yield self
@@ -132,6 +177,19 @@ class LoaderPhases:
         loop = self.last - self.first
         values = (self.first - self.begin, self.waits, loop - self.waits, self.end - self.last)
         return dict(zip(PHASES, values))
+
+    def setup_seconds(self) -> dict[str, float] | None:
+        """The set-up's seconds at each of :data:`SETUP_STEPS` (together :meth:`seconds`' set-up); None where no
+        loader was read."""
+        if self.first is None:
+            return None
+        ends = {**{step: self.steps[step] for step in SETUP_STEPS[:-1] if step in self.steps},
+                SETUP_STEPS[-1]: self.first}
+        split, since = {}, self.begin
+        for step in SETUP_STEPS:
+            end = max(since, min(ends.get(step, since), self.first))  # (a step not taken: none)
+            split[step], since = end - since, end
+        return split
 
 
 def val_once(model, data: Path, options: dict, device: str, side: str,
@@ -160,9 +218,12 @@ def summary(runs: dict, images: int) -> dict:
     stage_ms = {stage: statistics.median(speed[stage] for speed in runs["speeds"]) for stage in STAGES}
     phases = {phase: statistics.median(run[phase] for run in runs["phases"]) * 1e3 / images
               for phase in PHASES} if runs["phases"] else None
+    setup = {step: statistics.median(run[step] for run in runs["setup"]) * 1e3
+             for step in SETUP_STEPS} if runs["setup"] else None
     return {"ms_per_image": ms_per_image, "stages_ms_per_image": stage_ms,
             "rest_ms_per_image": ms_per_image - sum(stage_ms.values()), "metrics": runs["metrics"],
-            "phases_ms_per_image": phases}
+            "phases_ms_per_image": phases, "setup_ms_per_call": setup,
+            "gc_ms_per_call": statistics.median(runs["gc_s"]) * 1e3 if runs["gc_s"] else None}
 
 
 def bench_model(name: str, args: argparse.Namespace, folder: Path) -> list[dict]:
@@ -181,7 +242,7 @@ def bench_model(name: str, args: argparse.Namespace, folder: Path) -> list[dict]
                    "quantize": 16 if precision == "fp16" else None, "plots": False, "verbose": False,
                    "project": str(folder / "runs"), "exist_ok": True}
         sides = ("stock", "ours", *([STOCK_LOADER] if args.loader_ab else []))
-        runs = {side: {"wall_s": [], "speeds": [], "phases": []} for side in sides}
+        runs = {side: {"wall_s": [], "speeds": [], "phases": [], "setup": [], "gc_s": []} for side in sides}
         for _ in range(args.warmup):  # the label cache, the workers' first fork, cuDNN's choices, the graphs
             for side in runs:
                 val_once(model, data, options, args.device, side)
@@ -192,6 +253,8 @@ def bench_model(name: str, args: argparse.Namespace, folder: Path) -> list[dict]
                 split = phases.seconds() if phases is not None else None
                 if split is not None:
                     runs[side]["phases"].append(split)
+                    runs[side]["setup"].append(phases.setup_seconds())
+                    runs[side]["gc_s"].append(phases.gc_seconds)
                 runs[side]["wall_s"].append(seconds)
                 runs[side]["speeds"].append(metrics.speed)
                 runs[side]["metrics"] = [float(value) for value in metrics.mean_results()]
@@ -203,6 +266,9 @@ def bench_model(name: str, args: argparse.Namespace, folder: Path) -> list[dict]
         if row["ours"]["phases_ms_per_image"]:
             split = ", ".join(f"{phase} {value:.3f}" for phase, value in row["ours"]["phases_ms_per_image"].items())
             print(f"  {name} {precision}: ours' wall time, ms per image: {split}", flush=True)
+            steps = ", ".join(f"{step} {value:.1f}" for step, value in row["ours"]["setup_ms_per_call"].items())
+            print(f"  {name} {precision}: ours' set-up, ms a call: {steps}; garbage collection "
+                  f"{row['ours']['gc_ms_per_call']:.1f} ms a call", flush=True)
         if args.loader_ab:
             print(f"  {name} {precision}: ours with stock's loader {row[STOCK_LOADER]['ms_per_image']:.3f} ms/img "
                   f"(stages {stages(row[STOCK_LOADER])}), metrics {printed(row[STOCK_LOADER]['metrics'])}", flush=True)
@@ -258,6 +324,8 @@ def records(rows: list[dict], device: str) -> list[dict]:
             figures[f"{STOCK_LOADER}_ms_per_image"] = round(row[STOCK_LOADER]["ms_per_image"], 3)
         if ours["phases_ms_per_image"]:  # set-up, loader waits, loop, after the loop
             figures["ours_phases_ms"] = [round(value, 3) for value in ours["phases_ms_per_image"].values()]
+            figures["ours_setup_ms_per_call"] = [round(value, 1) for value in ours["setup_ms_per_call"].values()]
+            figures["ours_gc_ms_per_call"] = round(ours["gc_ms_per_call"], 1)
         config = {key: row[key] for key in ("model", "images", "batch", "imgsz", "precision")}
         note = MODEL_NOTE.format(scale=row["logit_scale"], raised=row["raised_bias"], background=row["background"],
                                 logging=logger_state())

@@ -27,7 +27,9 @@ once untimed first, then the median of ``--repeats`` passes is reported. Scenari
   one-stream clip, decoded beforehand, released at t0 + i / fps each and predicted one ``model.predict(frame)`` call
   at a time as they come; per-frame latency from release to the boxes on the host, median and p95 (ms).
 
-Each side's detections are compared with stock's (per video, in frame order: same box counts). ``--device cpu``
+Each side's detections are compared with stock's (per video, in frame order: same box counts). ``--phases`` adds a
+pass of each of ours split where the predictor's thread spends it (``bench/_predict_phases.py``: waiting for the
+next batch, Ultralytics' stages, the rest), to tell whether the source or the predictor bounds it. ``--device cpu``
 with tiny clips is a smoke run. ``--json PATH`` appends the rows as records (``benchmarks/records/video.json``).
 """
 
@@ -53,6 +55,7 @@ import torch
 from ..sources.video import nvdec_decoders
 from . import _cv2_decode
 from ._camera_clips import camera_size, write_camera_clip
+from ._predict_phases import PREDICT_PHASES, predict_phases
 from ._timing import append_records, detecting_model, environment_line, record_header
 from .sources import decoded, nvdec_frames, planes_frames, predict_pass, same_detections
 
@@ -155,10 +158,11 @@ def skipped(reasons: dict[str, str | None]) -> str | None:
 
 
 def predicted_sides(model, source, paths: list[str], batch: int, options: dict, repeats: int,
-                    reasons: dict[str, str | None]) -> dict:
+                    reasons: dict[str, str | None], phases: bool = False) -> dict:
     """Stock (each video alone where ``source`` is a list), ours reading with cv2 and, where ``reasons`` has None
     for them, ours with PyAV's planes and with NVDEC: each side's median frames per second and whether its
-    detections are stock's."""
+    detections are stock's; with ``phases``, one more pass of each of ours split at :data:`._predict_phases.
+    PREDICT_PHASES` (µs a frame)."""
     import yolo_fastdetect
     from yolo_fastdetect.sources import GPU_VIDEO_VARIABLE, PYAV_VIDEO_VARIABLE
 
@@ -180,6 +184,9 @@ def predicted_sides(model, source, paths: list[str], batch: int, options: dict, 
         ours_pass = functools.partial(predict_rate, model, source, batch, options, records)
         with mock.patch.dict(os.environ, environment):  # restored after, whatever it was
             figures[f"ours_{side}_fps"] = median_rate(ours_pass, repeats)
+            if phases:
+                split = predict_phases(model, source, batch, options)
+                figures[f"ours_{side}_phases_us"] = [-1.0 if value is None else value for value in split.values()]
         difference = same_detections(by_video(records), by_video(stock_records))
         figures[f"same_detections_{side}"] = difference["same_paths"] and difference["same_counts"]
     return figures
@@ -188,7 +195,7 @@ def predicted_sides(model, source, paths: list[str], batch: int, options: dict, 
 def one_stream(model, path: str, args, options: dict) -> dict:
     """The ``one_stream`` scenario's figures."""
     reasons = converted_reasons(path, args.device)
-    figures = predicted_sides(model, path, [path], args.batch, options, args.repeats, reasons)
+    figures = predicted_sides(model, path, [path], args.batch, options, args.repeats, reasons, args.phases)
     figures["cv2_decode_fps"] = median_rate(lambda: concurrent_rate(_cv2_decode.cv2_frames, [path]), args.repeats)
     add_converted_ceilings(figures, reasons, [path], args.repeats)
     return {"figures": figures, "note": skipped(reasons)}
@@ -198,7 +205,7 @@ def many_streams(model, source: list[str] | str, paths: list[str], args, options
     """The ``many_streams`` (``source`` the list of ``paths``) and ``folder`` (``source`` their folder) scenarios'
     figures."""
     reasons = converted_reasons(paths[0], args.device)
-    figures = predicted_sides(model, source, paths, args.batch, options, args.repeats, reasons)
+    figures = predicted_sides(model, source, paths, args.batch, options, args.repeats, reasons, args.phases)
     figures["cv2_threads_decode_fps"] = median_rate(lambda: concurrent_rate(_cv2_decode.cv2_frames, paths),
                                                     args.repeats)
     figures["cv2_processes_decode_fps"] = median_rate(lambda: processes_rate(paths), args.repeats)
@@ -328,6 +335,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--live-fps", type=float, default=30.0, help="the live source's frame rate (default 30)")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per side (default 3)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
+    parser.add_argument("--phases", action="store_true",
+                        help="one more pass of each of ours, split at: " + ", ".join(PREDICT_PHASES)
+                        + " (µs a frame; batch waits -1 where not told)")
     parser.add_argument("--keep", type=Path, help="write the clips here and keep them")
     parser.add_argument("--json", type=Path, help="append the rows as records to this file (benchmarks/records/)")
     args = parser.parse_args(argv)
