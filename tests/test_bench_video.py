@@ -51,6 +51,8 @@ def test_cpu_smoke_run_and_records(tmp_path):
         assert figures["same_detections_cpu"] is True  # ours decodes on the CPU with stock's frames
         waits, *stages, rest = figures["ours_cpu_phases_us"]
         assert waits == -1 and all(stage > 0 for stage in stages)  # (no _prefetch on the CPU: waits not told)
+        converted, converting, queue_waits = figures["ours_cpu_readers_us"]
+        assert converted == converting == 0 and queue_waits > 0  # cv2 reads: its readers only wait on their queues
         assert "ours_nvdec_fps" not in figures and record["note"] == ("PyAV planes not run: no CUDA device; "
                                                                         "NVDEC not run: no CUDA device")
     assert one["figures"]["cv2_decode_fps"] > 0
@@ -97,7 +99,8 @@ def test_predict_phases_add_up_to_the_pass(monkeypatch):
 
     for prefetch in (True, False):
         begin = time.perf_counter()
-        phases = _predict_phases.predict_phases(Model(prefetch), "clip.mp4", 1, {"device": "cpu"})
+        phases, readers = _predict_phases.predict_phases(Model(prefetch), "clip.mp4", 1, {"device": "cpu"})
+        assert readers == dict.fromkeys(_predict_phases.READER_PHASES, 0.0)  # no video reader ran
         wall_us = (time.perf_counter() - begin) * 1e6 / 3
         assert list(phases) == list(_predict_phases.PREDICT_PHASES)
         assert phases["preprocess"] == 1000 and phases["inference"] == 2000 and phases["postprocess"] == 500
@@ -106,3 +109,23 @@ def test_predict_phases_add_up_to_the_pass(monkeypatch):
             assert phases["batch waits"] >= 0.015e6  # each batch takes 20 ms to come, and nothing overlaps it
         else:
             assert phases["batch waits"] is None
+
+
+def test_reader_times_count_pyavs_decoding_and_conversion(tmp_path):
+    """PyAV's frames count as time in the decoder, their batched conversion as part of it."""
+    pytest.importorskip("av")
+    from video_corpus import write_h264
+    from yolo_fastdetect import _ext
+    from yolo_fastdetect.bench import _predict_phases
+    from yolo_fastdetect.sources.av_planes import PlanesVideo
+
+    if not _ext.available():
+        pytest.skip("operators not built")
+    path = write_h264(tmp_path / "clip.mp4", 10, 96, 64)
+    iterate, convert = PlanesVideo.__iter__, PlanesVideo._converted
+    with _predict_phases.reader_times() as times:
+        frames = list(PlanesVideo(str(path), "cpu"))
+    assert len(frames) == 10
+    decoder, converting, waits = (times[phase] for phase in _predict_phases.READER_PHASES)
+    assert decoder > converting > 0 and waits == 0
+    assert (PlanesVideo.__iter__, PlanesVideo._converted) == (iterate, convert)  # restored after the block

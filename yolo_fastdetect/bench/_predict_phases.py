@@ -5,12 +5,16 @@ to the caller, the caller's own work, the loop's Python).
 On a GPU (and for a model that asks for it) Ultralytics 8.4.1xx reads a file source's batches on one more thread
 (``ultralytics.engine.predictor._prefetch``) while the predictor runs the batch before: the predictor's thread then
 waits only where the source is slower than the rest of the loop. A pass timed here tells the two apart: waits near
-zero mean the predictor's thread bounds the pass, long waits the source.
+zero mean the predictor's thread bounds the pass, long waits the source. :func:`reader_times` then tells where the
+video readers' threads spend theirs: in the decoder (PyAV's or NVDEC's frames, converted on the GPU), and waiting
+for room in their queues (the consumer is behind).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +23,10 @@ from unittest import mock
 import torch
 
 PREDICT_PHASES = ("batch waits", "preprocess", "inference", "postprocess", "rest")
+# Thread-seconds of the video readers (sources/video.py), summed over their threads: waiting on the GPU-converting
+# decoder for each frame (PyAV's decode and staging, or NVDEC's; the GPU conversion and the copy back included), the
+# part of it in PyAV's batched conversion (PlanesVideo._converted), and waiting for room in the reader's queue.
+READER_PHASES = ("converted decoder", "of which GPU conversion", "queue waits")
 
 
 @dataclass
@@ -71,12 +79,13 @@ def batch_waits() -> Iterator[BatchWaits]:
         yield waited
 
 
-def predict_phases(model, source, batch: int, options: dict) -> dict[str, float | None]:
+def predict_phases(model, source, batch: int, options: dict) -> tuple[dict[str, float | None], dict[str, float]]:
     """One ``stream=True`` pass of ``model.predict(source)``, consumed as the benchmarks consume it (each result's
     boxes to the host): microseconds per frame of each of :data:`PREDICT_PHASES` (``batch waits`` None where it
-    cannot be told), which add up to the pass's wall time per frame."""
+    cannot be told), which add up to the pass's wall time per frame; and of each of :data:`READER_PHASES` (thread
+    time of the video readers)."""
     speeds = []
-    with batch_waits() as waited:
+    with batch_waits() as waited, reader_times() as readers:
         begin = time.perf_counter()
         for result in model.predict(source, stream=True, batch=batch, **options):
             result.boxes.cpu()
@@ -89,4 +98,66 @@ def predict_phases(model, source, batch: int, options: dict) -> dict[str, float 
     for stage in PREDICT_PHASES[1:4]:
         phases[stage] = sum(speed[stage] for speed in speeds) * 1e3 / frames
     phases["rest"] = wall * 1e6 / frames - sum(value or 0.0 for value in phases.values())
-    return phases
+    return phases, {phase: seconds * 1e6 / frames for phase, seconds in readers.items()}
+
+
+@contextlib.contextmanager
+def reader_times() -> Iterator[dict[str, float]]:
+    """Count the video readers' thread-seconds in the block at each of :data:`READER_PHASES` (a dict, growing as the
+    block runs; summed over the readers' threads, so it can exceed the wall time). cv2's reads count only in
+    ``queue waits``.
+
+    Examples:
+        >>> from yolo_fastdetect.sources import video
+        >>> with reader_times() as times:
+        ...     pass
+        >>> sorted(times) == sorted(READER_PHASES)
+        True
+    """
+    from yolo_fastdetect.sources import av_planes, nvdec, video
+
+    times = dict.fromkeys(READER_PHASES, 0.0)
+    lock = threading.Lock()
+
+    def counted(phase: str, seconds: float) -> None:
+        with lock:
+            times[phase] += seconds
+
+    def timed(phase: str, function):
+        @functools.wraps(function)
+        def call(*args, **kwargs):
+            begin = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                counted(phase, time.perf_counter() - begin)
+
+        return call
+
+    def timed_frames(iterate):
+        @functools.wraps(iterate)
+        def frames(self):
+            items = iterate(self)
+            try:
+                while True:
+                    begin = time.perf_counter()
+                    try:
+                        item = next(items)
+                    except StopIteration:
+                        return
+                    finally:
+                        counted(READER_PHASES[0], time.perf_counter() - begin)
+                    yield item
+            finally:
+                items.close()
+
+        return frames
+
+    with contextlib.ExitStack() as stack:
+        for decoder in (av_planes.PlanesVideo, nvdec.NvdecVideo):
+            stack.enter_context(mock.patch.object(decoder, "__iter__", timed_frames(decoder.__iter__)))
+        stack.enter_context(mock.patch.object(av_planes.PlanesVideo, "_converted",
+                                              timed(READER_PHASES[1], av_planes.PlanesVideo._converted)))
+        stack.enter_context(mock.patch.object(video, "put_unless_stopped",
+                                              timed(READER_PHASES[2], video.put_unless_stopped)))
+        yield times

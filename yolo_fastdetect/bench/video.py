@@ -29,7 +29,8 @@ once untimed first, then the median of ``--repeats`` passes is reported. Scenari
 
 Each side's detections are compared with stock's (per video, in frame order: same box counts). ``--phases`` adds a
 pass of each of ours split where the predictor's thread spends it (``bench/_predict_phases.py``: waiting for the
-next batch, Ultralytics' stages, the rest), to tell whether the source or the predictor bounds it. ``--device cpu``
+next batch, Ultralytics' stages, the rest) and where its video readers' threads spend theirs (in the decoder, waiting
+for room in their queues), to tell whether the source or the predictor bounds it. ``--device cpu``
 with tiny clips is a smoke run. ``--json PATH`` appends the rows as records (``benchmarks/records/video.json``).
 """
 
@@ -55,7 +56,7 @@ import torch
 from ..sources.video import nvdec_decoders
 from . import _cv2_decode
 from ._camera_clips import camera_size, write_camera_clip
-from ._predict_phases import PREDICT_PHASES, predict_phases
+from ._predict_phases import PREDICT_PHASES, READER_PHASES, predict_phases
 from ._timing import append_records, detecting_model, environment_line, record_header
 from .sources import decoded, nvdec_frames, planes_frames, predict_pass, same_detections
 
@@ -185,8 +186,9 @@ def predicted_sides(model, source, paths: list[str], batch: int, options: dict, 
         with mock.patch.dict(os.environ, environment):  # restored after, whatever it was
             figures[f"ours_{side}_fps"] = median_rate(ours_pass, repeats)
             if phases:
-                split = predict_phases(model, source, batch, options)
+                split, readers = predict_phases(model, source, batch, options)
                 figures[f"ours_{side}_phases_us"] = [-1.0 if value is None else value for value in split.values()]
+                figures[f"ours_{side}_readers_us"] = list(readers.values())
         difference = same_detections(by_video(records), by_video(stock_records))
         figures[f"same_detections_{side}"] = difference["same_paths"] and difference["same_counts"]
     return figures
@@ -337,7 +339,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
     parser.add_argument("--phases", action="store_true",
                         help="one more pass of each of ours, split at: " + ", ".join(PREDICT_PHASES)
-                        + " (µs a frame; batch waits -1 where not told)")
+                        + " (µs a frame; batch waits -1 where not told); and its video readers' thread time: "
+                        + ", ".join(READER_PHASES))
     parser.add_argument("--keep", type=Path, help="write the clips here and keep them")
     parser.add_argument("--json", type=Path, help="append the rows as records to this file (benchmarks/records/)")
     args = parser.parse_args(argv)
