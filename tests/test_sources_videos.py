@@ -487,8 +487,9 @@ def test_a_bad_video_in_a_folder_ends_as_in_stock(clips, tmp_path, kind):
 
 
 def test_videos_open_at_once_keep_the_frames_ahead_bounded(clips, tmp_path):
-    """One video per decoder thread, at least two, never more than 64 frames ahead (a batch and one per reader)."""
-    assert [videos_open_at_once(15, batch) for batch in (1, 8, 15, 31, 64)] == [15, 7, 4, 2, 2]
+    """One video per decoder thread, at least two, never more than 72 frames ahead (a batch and one per reader):
+    eight videos at batch 8 all at once."""
+    assert [videos_open_at_once(15, batch) for batch in (1, 8, 15, 31, 64)] == [15, 8, 4, 2, 2]
     assert videos_open_at_once(1, 1) == 2
     folder = folder_of({f"{index}.mp4": clips[0] for index in range(5)}, tmp_path / "videos")
     assert FileLoader(str(folder), batch=32, threads=15).open_videos == 2

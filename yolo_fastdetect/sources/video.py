@@ -199,8 +199,10 @@ class VideoReader:
         self._finalizer()
 
 # Frames decoded ahead by the readers of videos open at once, at most (each holds a batch and the frame it waits to
-# hand over): 64 frames are 0.4 GB at 1080p and 1.6 GB at 4K, and bound host memory however large the batch.
-VIDEO_FRAMES_AHEAD_MAX = 64
+# hand over): 72 frames are 0.45 GB at 1080p and 1.8 GB at 4K, and bound host memory however large the batch. 72,
+# not 64, so that eight videos at batch 8 (a wall of cameras) all decode at once: with seven open, the eighth opens as
+# the others end together and then decodes alone, one stream's rate for a whole video (docs/video_design.md).
+VIDEO_FRAMES_AHEAD_MAX = 72
 
 
 def videos_open_at_once(threads: int, batch: int) -> int:
@@ -209,7 +211,7 @@ def videos_open_at_once(threads: int, batch: int) -> int:
 
     Examples:
         >>> videos_open_at_once(threads=15, batch=8), videos_open_at_once(threads=15, batch=64)
-        (7, 2)
+        (8, 2)
     """
     return max(2, min(threads, VIDEO_FRAMES_AHEAD_MAX // (batch + 1)))
 

@@ -25,7 +25,7 @@ it waits to hand over), so memory is bounded by ``open_videos x (batch + 1)`` fr
 predictor's hands (:func:`frames_in_flight`, which also sizes the uploads). While one video's batch is predicted
 the other open videos' readers decode theirs, so several cores decode at once; :func:`.file_loader` opens as many
 videos as there are decoder threads (``YOLO_FASTDETECT_DECODE_THREADS``, the cores less one), at least two, and no
-more than keep 64 frames ahead (:func:`.video.videos_open_at_once`).
+more than keep 72 frames ahead (:func:`.video.videos_open_at_once`).
 
 Bad input: a missing path raises stock's ``FileNotFoundError("... does not exist")``, and an empty (0-byte) file
 stock's ``FileNotFoundError("Failed to open video ...")``, both before any frame. A video that does not open (cut
