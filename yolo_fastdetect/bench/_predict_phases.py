@@ -16,7 +16,7 @@ import contextlib
 import functools
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from unittest import mock
 
@@ -27,6 +27,23 @@ PREDICT_PHASES = ("batch waits", "preprocess", "inference", "postprocess", "rest
 # decoder for each frame (PyAV's decode and staging, or NVDEC's; the GPU conversion and the copy back included), the
 # part of it in PyAV's batched conversion (PlanesVideo._converted), and waiting for room in the reader's queue.
 READER_PHASES = ("converted decoder", "of which GPU conversion", "queue waits")
+
+
+def _each_next_timed(items: Iterator, count: Callable[[float], None]) -> Iterator:
+    """``items``, the seconds each ``next`` of it takes given to ``count``; closing this closes ``items`` (the
+    predictor closes its batches when it stops: stock's prefetch worker stops with them)."""
+    try:
+        while True:
+            begin = time.perf_counter()
+            try:
+                item = next(items)
+            except StopIteration:
+                return
+            finally:
+                count(time.perf_counter() - begin)
+            yield item
+    finally:
+        items.close()
 
 
 @dataclass
@@ -59,21 +76,12 @@ def batch_waits() -> Iterator[BatchWaits]:
         yield waited
         return
 
+    def waited_for(seconds: float) -> None:
+        waited.seconds += seconds
+
     def timed(iterator):
         waited.prefetched = True
-        items = stock(iterator)
-        try:
-            while True:
-                asked = time.perf_counter()
-                try:
-                    item = next(items)
-                except StopIteration:
-                    return
-                finally:
-                    waited.seconds += time.perf_counter() - asked
-                yield item
-        finally:  # the predictor closes this generator when it stops: stop stock's worker with it
-            items.close()
+        return _each_next_timed(stock(iterator), waited_for)
 
     with mock.patch.object(predictor, "_prefetch", timed):
         yield waited
@@ -137,19 +145,7 @@ def reader_times() -> Iterator[dict[str, float]]:
     def timed_frames(iterate):
         @functools.wraps(iterate)
         def frames(self):
-            items = iterate(self)
-            try:
-                while True:
-                    begin = time.perf_counter()
-                    try:
-                        item = next(items)
-                    except StopIteration:
-                        return
-                    finally:
-                        counted(READER_PHASES[0], time.perf_counter() - begin)
-                    yield item
-            finally:
-                items.close()
+            return _each_next_timed(iterate(self), functools.partial(counted, READER_PHASES[0]))
 
         return frames
 
