@@ -24,7 +24,7 @@ from test_sources_videos import predict, stock_per_video, within
 from video_corpus import camera_frames, opencv_frames, write_camera_clip, write_clip, write_opencv
 from yolo_fastdetect import _ext
 from yolo_fastdetect.sources.av_planes import MidStreamError, PlanesVideo
-from yolo_fastdetect.sources.nvdec import FETCH_FRAMES, probe_stream
+from yolo_fastdetect.sources.converted_video import FETCH_FRAMES, probe_stream
 
 pytest.importorskip("av", reason="PyAV writes the H.264 / HEVC clips and decodes them")
 pytestmark = pytest.mark.skipif(not _ext.available(), reason="operators not built")

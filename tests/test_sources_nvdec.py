@@ -1,6 +1,6 @@
 """NVDEC video decoding (:mod:`yolo_fastdetect.sources.nvdec`, ``YOLO_FASTDETECT_GPU_VIDEO=1``).
 
-On the CPU (CI): which streams NVDEC may read (real clips probed with PyAV, fake tags, a missing package), and the
+On the CPU (CI): where NVDEC may read (a missing package, no GPU; which streams: test_sources_converted_video.py), the
 video reader's NVDEC path with a stand-in decoder: stock's frames, ``vid_stride``, counters and end, and cv2 reading
 on where the decoder fails mid-video. On a GPU with PyNvVideoCodec (skipped without it): each frame equal to
 ``cv2.VideoCapture``'s, H.264 and HEVC, several sizes; ``model.predict`` with the switch against stock on a video, a
@@ -19,64 +19,18 @@ import pytest
 import torch
 
 from test_sources import assert_same_results, captured_log, model, restore_patch, stock_and_ours  # noqa: F401
+from test_sources_converted_video import BT709_LIMITED
 from test_sources_upload import taken  # noqa: F401
 from test_sources_videos import TIMEOUT_S, assert_same_frames, predict, stock_per_video, within
 from video_corpus import opencv_frames, write_camera_clip, write_opencv
-from yolo_fastdetect.sources import VideoListLoader, nvdec
+from yolo_fastdetect.sources import VideoListLoader, converted_video, nvdec
 from yolo_fastdetect.sources import video as video_module
+from yolo_fastdetect.sources.converted_video import FETCH_FRAMES, ConvertedFrame, StreamTags, probe_stream
 from yolo_fastdetect.sources.video import VIDEO_END, VideoFrame, VideoReader, VideoStart
 
 pytest.importorskip("av", reason="PyAV writes the H.264 / HEVC clips and reads their colour tags")
 
-BT709_LIMITED = ("h264", 1280, 720, "yuv420p", 1, 1, 1, 1)
 NOT_INSTALLED = "PyNvVideoCodec is not installed (pip install 'yolo-fastdetect[video]')"
-
-
-# Which streams NVDEC reads ---------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("codec", "size", "full_range", "expected"), [
-    ("h264", "96x64", False, ("h264", 96, 64, "yuv420p", 6, 1, 6, 6)),  # SMPTE 170M below 720 rows
-    ("hevc", "160x90", False, ("hevc", 160, 90, "yuv420p", 6, 1, 6, 6)),
-    ("h264", "98x720", True, ("h264", 98, 720, "yuvj420p", 1, 2, 1, 1)),  # BT.709 from 720 rows, full range
-])
-def test_probe_reads_the_first_frames_tags(tmp_path, codec, size, full_range, expected):
-    path = write_camera_clip(tmp_path / f"clip_{codec}.mp4", 2, size, codec, full_range=full_range)
-    tags = nvdec.probe_stream(str(path))
-    assert tags == nvdec.StreamTags(*expected)
-    assert nvdec.stream_reason(tags) is None
-    assert tags.conversion("4.13.0") == (expected[4], full_range)
-    assert tags.conversion("4.12.0") == (2, full_range)  # OpenCV 4.12 converts every frame as BT.601
-
-
-def test_probe_of_what_pyav_cannot_read_is_none(tmp_path):
-    (tmp_path / "text.mp4").write_text("not a video\n" * 50)
-    (tmp_path / "empty.mp4").write_bytes(b"")
-    assert nvdec.probe_stream(str(tmp_path / "text.mp4")) is None
-    assert nvdec.probe_stream(str(tmp_path / "empty.mp4")) is None
-    assert nvdec.probe_stream(str(tmp_path / "missing.mp4")) is None
-
-
-@pytest.mark.parametrize(("changes", "words"), [
-    ({"codec": "mpeg4"}, "codec mpeg4 is not H.264 or HEVC"),
-    ({"codec": "vp9"}, "codec vp9 is not H.264 or HEVC"),
-    ({"pixel_format": "yuv420p10le"}, "pixel format yuv420p10le is not 8-bit 4:2:0"),
-    ({"pixel_format": "yuvj422p"}, "pixel format yuvj422p is not 8-bit 4:2:0"),
-    ({"height": 479}, "odd height 479"),
-    ({"colorspace": 9, "color_primaries": 9, "color_trc": 16}, "matrix 9, primaries 9, transfer 16"),  # HDR10
-    ({"colorspace": 8}, "matrix 8"),  # YCgCo: no swscale coefficients
-])
-def test_each_reason_is_one_line_naming_the_value(changes, words):
-    tags = nvdec.StreamTags(*BT709_LIMITED)
-    assert nvdec.stream_reason(tags, "5.1.0") is None
-    reason = nvdec.stream_reason(nvdec.StreamTags(**{**tags.__dict__, **changes}), "5.1.0")
-    assert reason is not None and words in reason and "\n" not in reason
-
-
-def test_tags_opencv_412_converts_as_bt601_are_no_reason():
-    hdr = nvdec.StreamTags("hevc", 3840, 2160, "yuv420p", 9, 1, 9, 16)
-    assert nvdec.stream_reason(hdr, "4.12.0") is None  # 4.12 ignores the tags: its plain BT.601 conversion
-    assert "OpenCV 4.13.0" in nvdec.stream_reason(hdr, "4.13.0")
 
 
 @pytest.fixture
@@ -104,9 +58,9 @@ def test_reason_without_the_package_or_a_gpu(fake_pynvvideocodec, tmp_path, monk
 def test_the_check_hands_over_the_probed_tags(fake_pynvvideocodec, tmp_path, monkeypatch):
     fake_pynvvideocodec(types.ModuleType("PyNvVideoCodec"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(nvdec._ext, "has_cuda_kernels", lambda: True)
+    monkeypatch.setattr(converted_video._ext, "has_cuda_kernels", lambda: True)
     h264 = str(write_camera_clip(tmp_path / "clip.mp4", 2, "96x64"))
-    assert nvdec.nvdec_tags_or_reason(h264) == nvdec.probe_stream(h264) == nvdec.StreamTags(
+    assert nvdec.nvdec_tags_or_reason(h264) == probe_stream(h264) == StreamTags(
         "h264", 96, 64, "yuv420p", 6, 1, 6, 6)
     assert nvdec.nvdec_unavailable_reason(h264) is None
     mpeg4 = str(write_opencv(tmp_path / "clip.avi", 2, 96, 64))
@@ -172,7 +126,7 @@ def test_one_decoder_fetches_batches_in_order_and_ends_its_decoder(one_threaded_
         frames = [frame.bgr for frame in video]
     [decoder] = StandInThreadedDecoder.made
     assert frames == list(range(20))
-    assert decoder.fetches == [nvdec.FETCH_FRAMES] * 4  # 8, 8, 4, then none: the end
+    assert decoder.fetches == [FETCH_FRAMES] * 4  # 8, 8, 4, then none: the end
     assert decoder.arguments == (video._path, nvdec.THREADED_BUFFER_FRAMES, 3, 1234, True, "native")
     assert decoder.ended
 
@@ -182,7 +136,7 @@ def test_one_decoder_closed_early_ends_its_decoder(one_threaded_decoder):
     assert [next(frames).bgr for _ in range(3)] == [0, 1, 2]
     one_threaded_decoder.close()
     [decoder] = StandInThreadedDecoder.made
-    assert decoder.ended and decoder.fetches == [nvdec.FETCH_FRAMES]
+    assert decoder.ended and decoder.fetches == [FETCH_FRAMES]
 
 
 # The reader's NVDEC path, with a stand-in decoder ----------------------------------------------------------------
@@ -193,9 +147,9 @@ class StandInDecoder:
     error after ``fail_after`` frames when set."""
 
     fail_after: int | None = None
-    opened: list[tuple[str, nvdec.StreamTags]] = []
+    opened: list[tuple[str, StreamTags]] = []
 
-    def __init__(self, path: str, device, tags: nvdec.StreamTags, decoders: int):
+    def __init__(self, path: str, device, tags: StreamTags, decoders: int):
         self._frames = opencv_frames(Path(path))
         StandInDecoder.opened.append((path, tags))
 
@@ -209,7 +163,7 @@ class StandInDecoder:
         for index, image in enumerate(self._frames):
             if index == self.fail_after:
                 raise RuntimeError("CUVID error: bitstream")
-            yield nvdec.NvdecFrame(torch.from_numpy(image.copy()), image, None)  # (stream None: no change)
+            yield ConvertedFrame(torch.from_numpy(image.copy()), image, None)  # (stream None: no change)
 
 
 def read_all(reader: VideoReader) -> list:
@@ -245,7 +199,7 @@ def assert_same_items(ours: list, stock: list) -> None:
 def test_reader_with_nvdec_gives_stock_frames_counters_and_end(tmp_path, monkeypatch, vid_stride, fail_after):
     monkeypatch.setenv("YOLO_FASTDETECT_GPU_VIDEO", "1")
     path = str(write_camera_clip(tmp_path / "clip.mp4", 7, "96x64"))
-    probed = nvdec.StreamTags(*BT709_LIMITED)
+    probed = StreamTags(*BT709_LIMITED)
     monkeypatch.setattr(video_module, "nvdec_tags_or_reason", lambda path: probed)
     monkeypatch.setattr(video_module, "NvdecVideo", StandInDecoder)
     monkeypatch.setattr(StandInDecoder, "fail_after", fail_after)

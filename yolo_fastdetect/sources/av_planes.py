@@ -1,22 +1,22 @@
 """A video decoded on the CPU by PyAV to its Y, U and V planes and converted to BGR on a given device, giving
-``cv2.VideoCapture``'s frames of the streams :func:`.nvdec.stream_reason` passes.
+``cv2.VideoCapture``'s frames of the streams :func:`.converted_video.stream_reason` passes.
 
 Why (docs/video_design.md, "The default for a GPU predictor"): cv2's reader spends a good part of each frame in
 swscale's conversion to BGR, on the reader's own thread. FFmpeg decoding the same stream with frame threads
 (``thread_type="AUTO"``) and stopping at the planes ran 1.35-1.6x as fast as cv2's grab and retrieve on the 2-core
 development machine. H.264 and HEVC decode exactly by their standards, so the planes are the ones cv2's swscale
-converts, and :func:`..ops.i420_to_bgr` with the parameters of :meth:`.nvdec.StreamTags.conversion` gives swscale's
-bytes ("Why the operator is exact"); on a GPU the conversion leaves the CPU altogether, with half of BGR's bytes to
-copy there.
+converts, and :func:`..ops.i420_to_bgr` with the parameters of :meth:`.converted_video.StreamTags.conversion` gives
+swscale's bytes ("Why the operator is exact"); on a GPU the conversion leaves the CPU altogether, with half of BGR's
+bytes to copy there.
 
-On a CUDA device the frames go in batches of :data:`.nvdec.FETCH_FRAMES`: each batch's planes are copied into one
-pinned host buffer, sent in one copy, converted in one launch, copied back in one transfer (to pinned memory within
-:mod:`..pinned`'s budget) and waited for once, so a
-batch gives up the GIL a handful of times rather than a few times per frame (docs/video_design.md, "One decoder
-without the GIL"). The frames are :class:`.nvdec.NvdecFrame` items, as :class:`.nvdec.NvdecVideo` gives them.
+On a CUDA device the frames go in batches of :data:`.converted_video.FETCH_FRAMES`: each batch's planes are copied
+into one pinned host buffer, sent in one copy, converted in one launch, copied back in one transfer (to pinned memory
+within :mod:`..pinned`'s budget) and waited for once, so a batch gives up the GIL a handful of times rather than a few
+times per frame (docs/video_design.md, "One decoder without the GIL"). The frames are
+:class:`.converted_video.ConvertedFrame` items, as :class:`.nvdec.NvdecVideo` gives them.
 
 What stays the caller's: cv2's frame semantics around the frames (frame count and rate, a failed grab, stock's
-errors), and reading with cv2 what this module refuses: a stream :func:`.nvdec.stream_reason` rules out
+errors), and reading with cv2 what this module refuses: a stream :func:`.converted_video.stream_reason` rules out
 (``ValueError`` on construction), and the rest of a stream whose format, size or colour tags change, or which FFmpeg
 fails to decode, part way (:class:`MidStreamError`, raised after the frames before it).
 
@@ -33,13 +33,20 @@ import torch
 
 from ..ops.video_color import i420_to_bgr
 from ..pinned import host_copy_buffer, pinned_empty
-from .nvdec import FETCH_FRAMES, NvdecFrame, StreamTags, gpu_conversion_tags_or_reason, probe_stream, stream_reason
+from .converted_video import (
+    FETCH_FRAMES,
+    ConvertedFrame,
+    StreamTags,
+    gpu_conversion_tags_or_reason,
+    probe_stream,
+    stream_reason,
+)
 
 __all__ = ["MidStreamError", "PlanesVideo", "planes_tags_or_reason"]
 
 
 def planes_tags_or_reason(path: str) -> StreamTags | str:
-    """``path``'s :class:`.nvdec.StreamTags` where :class:`PlanesVideo` on a CUDA device gives
+    """``path``'s :class:`.converted_video.StreamTags` where :class:`PlanesVideo` on a CUDA device gives
     ``cv2.VideoCapture``'s frames of it (hand them to it); otherwise why not, one line."""
     return gpu_conversion_tags_or_reason(path, "i420_to_bgr")
 
@@ -72,13 +79,12 @@ def _describe(properties: tuple[str, int, int, int, int, int, int]) -> str:
 
 class PlanesVideo:
     """A video decoded by PyAV on the CPU to Y, U and V planes and converted to BGR on ``device`` as
-    ``cv2.VideoCapture`` converts it: iterating gives its frames in display order as :class:`.nvdec.NvdecFrame`
-    items, the same frames as cv2's.
+    ``cv2.VideoCapture`` converts it: iterating gives its frames in display order as
+    :class:`.converted_video.ConvertedFrame` items, the same frames as cv2's.
 
     On a CUDA device ``bgr`` is (H, W, 3) uint8 on the device, written on a ``torch.cuda.Stream`` of the iteration's
     own (``stream``), and ``image`` its host copy (pinned within :mod:`..pinned`'s budget); both are complete when
-    given. On the CPU ``bgr`` is a CPU tensor, ``image`` the same bytes (``bgr.numpy()``) and ``stream`` None
-    (where :class:`.nvdec.NvdecFrame` is annotated ``torch.cuda.Stream``).
+    given. On the CPU ``bgr`` is a CPU tensor, ``image`` the same bytes (``bgr.numpy()``) and ``stream`` None.
 
     Each iteration opens the file and decodes it from the start, closing an earlier one still open. The video keeps
     no strong reference to a running iteration: one abandoned with ``break`` closes its file as it is collected (at
@@ -87,16 +93,16 @@ class PlanesVideo:
     Args:
         path (str): The video file.
         device (torch.device | str): Where the frames are converted: "cpu" or a CUDA device.
-        tags (StreamTags | None): The stream's tags from :func:`.nvdec.probe_stream`, when already probed.
+        tags (StreamTags | None): The stream's tags from :func:`.converted_video.probe_stream`, when already probed.
 
     Attributes:
         tags (StreamTags): The stream's codec, size and colour tags (its first frame's).
         device (torch.device): The device converted on (a CUDA device with its index).
 
     Raises:
-        ValueError: The stream is not one whose frames this gives as cv2 does (:func:`.nvdec.stream_reason`), PyAV
-            decodes no frame of it (no such file, not a video), or ``device`` is neither the CPU nor CUDA; the
-            message names the file and the reason.
+        ValueError: The stream is not one whose frames this gives as cv2 does
+            (:func:`.converted_video.stream_reason`), PyAV decodes no frame of it (no such file, not a video), or
+            ``device`` is neither the CPU nor CUDA; the message names the file and the reason.
         ImportError: PyAV is not installed.
 
     Examples:
@@ -124,7 +130,7 @@ class PlanesVideo:
         # Each frame's planes in a staging row: Y (H, W), then U and V (ceil(H / 2), ceil(W / 2)), packed.
         luma, chroma = (self.tags.height, self.tags.width), ((self.tags.height + 1) // 2, (self.tags.width + 1) // 2)
         self._plane_shapes = (luma, chroma, chroma)
-        self._running: weakref.ref[Iterator[NvdecFrame]] | None = None
+        self._running: weakref.ref[Iterator[ConvertedFrame]] | None = None
 
     def __enter__(self) -> PlanesVideo:
         return self
@@ -139,15 +145,15 @@ class PlanesVideo:
             running.close()
         self._running = None
 
-    def __iter__(self) -> Iterator[NvdecFrame]:
+    def __iter__(self) -> Iterator[ConvertedFrame]:
         self.close()
         frames = self._frames()
         self._running = weakref.ref(frames)
         return frames
 
-    def _frames(self) -> Iterator[NvdecFrame]:
-        """The video's frames, a batch of up to :data:`.nvdec.FETCH_FRAMES` staged, converted and given at a time;
-        :class:`MidStreamError` after the frames decoded before a change or FFmpeg's failure."""
+    def _frames(self) -> Iterator[ConvertedFrame]:
+        """The video's frames, a batch of up to :data:`.converted_video.FETCH_FRAMES` staged, converted and given at a
+        time; :class:`MidStreamError` after the frames decoded before a change or FFmpeg's failure."""
         import av
 
         frame_bytes = sum(rows * columns for rows, columns in self._plane_shapes)
@@ -196,7 +202,7 @@ class PlanesVideo:
 
     @staticmethod
     def _properties(frame) -> tuple[str, int, int, int, int, int, int]:
-        """A PyAV frame's pixel format, size and colour tags, as :class:`.nvdec.StreamTags` holds them."""
+        """A PyAV frame's pixel format, size and colour tags, as :class:`.converted_video.StreamTags` holds them."""
         return (frame.format.name, frame.width, frame.height, int(frame.colorspace), int(frame.color_range),
                 int(frame.color_primaries), int(frame.color_trc))
 
@@ -208,7 +214,7 @@ class PlanesVideo:
             start += rows * columns
         return views
 
-    def _converted(self, staging: torch.Tensor, count: int, stream: torch.cuda.Stream | None) -> list[NvdecFrame]:
+    def _converted(self, staging: torch.Tensor, count: int, stream: torch.cuda.Stream | None) -> list[ConvertedFrame]:
         """The first ``count`` staged frames converted to BGR in one call: on a CUDA device copied there in one
         transfer, converted on ``stream`` and copied back to host memory (pinned within its budget) in one, and waited
         for once; per frame its tensor and host array (views of the batch's buffers), complete."""
@@ -223,4 +229,4 @@ class PlanesVideo:
                 host = host_copy_buffer(tuple(bgr.shape))
                 host.copy_(bgr, non_blocking=True)
             stream.synchronize()
-        return [NvdecFrame(tensor, image, stream) for tensor, image in zip(bgr.unbind(0), host.numpy())]
+        return [ConvertedFrame(tensor, image, stream) for tensor, image in zip(bgr.unbind(0), host.numpy())]

@@ -1,11 +1,10 @@
 """H.264 and HEVC video decoded on the GPU with NVDEC (PyNvVideoCodec), converted to BGR as ``cv2.VideoCapture``
 converts it.
 
-H.264 and HEVC decoding is exact by the standards, so NVDEC's NV12 frames hold FFmpeg's Y, U and V samples; the
-conversion to BGR is where stock's frames come from, and :func:`..ops.nv12_to_bgr` reproduces OpenCV's bit for bit
-with the colour parameters :func:`..ops.opencv_conversion` gives for the stream (docs/video_design.md). The colour
-tags are read with PyAV from the first decoded frame, the properties FFmpeg puts on the frames cv2 converts; where
-they, the codec, the pixel format or the environment rule NVDEC out, :func:`nvdec_unavailable_reason` says why.
+H.264 and HEVC decoding is exact by the standards, so NVDEC's NV12 frames hold FFmpeg's Y, U and V samples, and
+:func:`..ops.nv12_to_bgr` converts them as OpenCV does (:mod:`.converted_video`: which streams that holds for, read
+with PyAV); where the stream, PyNvVideoCodec or the environment rule NVDEC out, :func:`nvdec_unavailable_reason` says
+why.
 
 PyNvVideoCodec and PyAV are optional (the ``[video]`` extra) and imported on first use. The calls relied on, from
 PyNvVideoCodec 2.2: ``CreateDemuxer(filename=...)`` and its ``Demux()`` (a packet: ``bsl`` bytes at ``bsl_data``
@@ -29,66 +28,36 @@ from __future__ import annotations
 import ctypes
 import functools
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .. import _ext
-from ..ops.video_color import nv12_to_bgr, opencv_conversion
+from ..ops.video_color import nv12_to_bgr
 from ..pinned import host_copy_buffer
+from .converted_video import (
+    FETCH_FRAMES,
+    ConvertedFrame,
+    StreamTags,
+    gpu_conversion_tags_or_reason,
+    probe_stream,
+    stream_reason,
+)
 from .gop_segments import InOrderSegments, SegmentOrderError, starts_with_idr
 
-__all__ = ["NvdecFrame", "NvdecLayoutError", "NvdecVideo", "StreamTags", "gpu_conversion_tags_or_reason",
-           "nvdec_tags_or_reason", "nvdec_unavailable_reason", "package_problem", "probe_stream", "stream_reason"]
+__all__ = ["NvdecLayoutError", "NvdecVideo", "nvdec_tags_or_reason", "nvdec_unavailable_reason", "package_problem"]
 
-# FFmpeg's codec names of the streams decoded here (NVDEC decodes others, not checked against cv2).
-NVDEC_CODECS = ("h264", "hevc")
-# The 8-bit 4:2:0 pixel formats FFmpeg's decoders give for them (yuvj420p: full range), as nv12_to_bgr converts.
-NVDEC_PIXEL_FORMATS = ("yuv420p", "yuvj420p")
 # Frames the decoders of one video hold ahead of its consumer (with several), in bytes (GPU and host copies) and at
 # most in number: enough for each of 4 decoders to hold its GOP of 60 frames at 720p while an earlier one is handed out.
 AHEAD_BYTES = 2 << 30
 AHEAD_FRAMES_MAX = 128
 # Bytes of a key frame's packet read for its first picture's NAL unit type (after the parameter sets and SEI).
 _IDR_BYTES_READ = 4096
-# Frames one ThreadedDecoder fetch asks for, and the frames its thread decodes ahead of the fetches.
-FETCH_FRAMES = 8
+# Frames a ThreadedDecoder's thread decodes ahead of the fetches (of FETCH_FRAMES each).
 THREADED_BUFFER_FRAMES = 2 * FETCH_FRAMES
 
 
 class NvdecLayoutError(RuntimeError):
     """PyNvVideoCodec gave a frame in a layout this module does not read (a changed API: no fallback hides it)."""
-
-
-@dataclass(frozen=True)
-class StreamTags:
-    """A video stream's codec and the properties of its first decoded frame, as FFmpeg gives them to cv2.
-
-    Attributes:
-        codec (str): FFmpeg's codec name ("h264", "hevc", ...).
-        width (int): Frame width.
-        height (int): Frame height.
-        pixel_format (str): FFmpeg's pixel format of the decoded frame ("yuv420p", "yuvj420p", ...).
-        colorspace (int): AVColorSpace.
-        color_range (int): AVColorRange.
-        color_primaries (int): AVColorPrimaries.
-        color_trc (int): AVColorTransferCharacteristic.
-    """
-
-    codec: str
-    width: int
-    height: int
-    pixel_format: str
-    colorspace: int
-    color_range: int
-    color_primaries: int
-    color_trc: int
-
-    def conversion(self, opencv_version: str | None = None) -> tuple[int, bool] | None:
-        """:func:`..ops.opencv_conversion` of these tags: ``(colorspace, full_range)``, or None."""
-        return opencv_conversion(self.height, self.colorspace, self.color_range, self.color_primaries,
-                                 self.color_trc, self.pixel_format, opencv_version)
 
 
 @functools.cache
@@ -111,74 +80,10 @@ def package_problem() -> str | None:
     return module if isinstance(module, str) else None
 
 
-def probe_stream(path: str) -> StreamTags | None:
-    """The :class:`StreamTags` of ``path``'s first video stream, read with PyAV; None where PyAV reads no frame of
-    it (cv2 then decides, as stock). Raises ImportError without PyAV.
-
-    Examples:
-        >>> probe_stream("clip.mp4")  # doctest: +SKIP
-        StreamTags(codec='h264', width=1280, height=720, pixel_format='yuv420p', colorspace=1, ...)
-    """
-    import av
-
-    try:
-        with av.open(path) as container:
-            stream = container.streams.video[0]
-            frame = next(container.decode(stream), None)
-            if frame is None:
-                return None
-            return StreamTags(stream.codec_context.name, frame.width, frame.height, frame.format.name,
-                              int(frame.colorspace), int(frame.color_range), int(frame.color_primaries),
-                              int(frame.color_trc))
-    except (av.FFmpegError, IndexError, OSError):
-        return None
-
-
-def stream_reason(tags: StreamTags, opencv_version: str | None = None) -> str | None:
-    """Why NVDEC with :func:`..ops.nv12_to_bgr` would not give cv2's frames of a stream with ``tags``, one line;
-    None where it does.
-
-    Examples:
-        >>> tags = StreamTags("h264", 1280, 720, "yuv420p", 1, 1, 1, 1)
-        >>> stream_reason(tags) is None
-        True
-        >>> stream_reason(StreamTags("mpeg4", 1280, 720, "yuv420p", 2, 0, 2, 2))
-        'codec mpeg4 is not H.264 or HEVC'
-    """
-    if tags.codec not in NVDEC_CODECS:
-        return f"codec {tags.codec} is not H.264 or HEVC"
-    if tags.pixel_format not in NVDEC_PIXEL_FORMATS:
-        return f"pixel format {tags.pixel_format} is not 8-bit 4:2:0"
-    if tags.height % 2:
-        return f"odd height {tags.height}: OpenCV converts it through swscale's scaler"
-    if tags.conversion(opencv_version) is None:
-        import cv2
-
-        return (f"OpenCV {opencv_version or cv2.__version__} converts colour tags matrix {tags.colorspace}, "
-                f"primaries {tags.color_primaries}, transfer {tags.color_trc} otherwise than a plain matrix")
-    return None
-
-
 def nvdec_tags_or_reason(path: str) -> StreamTags | str:
     """``path``'s :class:`StreamTags` where :class:`NvdecVideo` gives ``cv2.VideoCapture``'s frames of it (hand them
     to it: the probe decodes a frame); otherwise why not, one line (see :func:`nvdec_unavailable_reason`)."""
     return package_problem() or gpu_conversion_tags_or_reason(path, "nv12_to_bgr")
-
-
-def gpu_conversion_tags_or_reason(path: str, operator: str) -> StreamTags | str:
-    """``path``'s :class:`StreamTags` where its planes converted on the GPU by ``operator`` (the name, for the
-    reason) give ``cv2.VideoCapture``'s frames; otherwise why not, one line."""
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    if not _ext.has_cuda_kernels():
-        return f"the operators have no CUDA kernels ({operator})"
-    try:
-        tags = probe_stream(path)
-    except ImportError:
-        return "PyAV is not installed (pip install 'yolo-fastdetect[video]')"
-    if tags is None:
-        return "PyAV decodes no frame of it"
-    return stream_reason(tags) or tags
 
 
 def nvdec_unavailable_reason(path: str) -> str | None:
@@ -194,24 +99,8 @@ def nvdec_unavailable_reason(path: str) -> str | None:
     return outcome if isinstance(outcome, str) else None
 
 
-@dataclass(frozen=True)
-class NvdecFrame:
-    """One frame of an :class:`NvdecVideo`, converted and copied to the host, both copies complete.
-
-    Attributes:
-        bgr (torch.Tensor): (H, W, 3) uint8 BGR on the video's device, allocated on :attr:`stream`.
-        image (np.ndarray): Its host copy (pinned within :mod:`yolo_fastdetect.pinned`'s budget): the original
-            image ``Results`` keep, as stock's ``cv2.VideoCapture`` frame.
-        stream (torch.cuda.Stream): The decoder's stream, on which :attr:`bgr` was written.
-    """
-
-    bgr: torch.Tensor
-    image: np.ndarray
-    stream: torch.cuda.Stream
-
-
 class NvdecVideo:
-    """A video decoded with NVDEC on ``device``: iterating gives its frames in stream order as :class:`NvdecFrame`
+    """A video decoded with NVDEC on ``device``: iterating gives its frames in stream order as :class:`ConvertedFrame`
     items (as ``cv2.VideoCapture`` gives them, where :func:`nvdec_unavailable_reason` is None; the caller checks it
     first).
 
@@ -254,7 +143,7 @@ class NvdecVideo:
         frame_bytes = 2 * 3 * self.tags.width * self.tags.height  # the GPU copy and the host copy
         # Frames each of several decoders holds ahead of the consumer (one decoder is fetched from directly).
         self._ahead = min(AHEAD_FRAMES_MAX, max(2, AHEAD_BYTES // decoders // frame_bytes))
-        self._running: InOrderSegments | Iterator[NvdecFrame] | None = None
+        self._running: InOrderSegments | Iterator[ConvertedFrame] | None = None
 
     def __enter__(self) -> NvdecVideo:
         return self
@@ -267,7 +156,7 @@ class NvdecVideo:
         if self._running is not None:
             self._running.close()
 
-    def __iter__(self) -> Iterator[NvdecFrame]:
+    def __iter__(self) -> Iterator[ConvertedFrame]:
         # One decoder decodes on ThreadedDecoder's own thread, so its frames are fetched on the consumer's: a thread
         # of ours in between would add a hand-off, each taking the GIL, to every frame.
         if self._decoders == 1:
@@ -277,7 +166,7 @@ class NvdecVideo:
                                             name="yolo_fastdetect_nvdec")
         return iter(self._running)
 
-    def _decode_whole(self) -> Iterator[NvdecFrame]:
+    def _decode_whole(self) -> Iterator[ConvertedFrame]:
         """The whole video's frames from one ``ThreadedDecoder``, fetched a batch at a time."""
         stream = torch.cuda.Stream(self.device)
         decoder = self._module.ThreadedDecoder(
@@ -287,7 +176,7 @@ class NvdecVideo:
         try:
             while frames := decoder.get_batch_frames(FETCH_FRAMES):
                 for bgr, image in self._to_bgr(frames, stream):
-                    yield NvdecFrame(bgr, image, stream)
+                    yield ConvertedFrame(bgr, image, stream)
         finally:
             decoder.end()
 
@@ -325,7 +214,7 @@ class NvdecVideo:
                     raise SegmentOrderError(f"a frame with timestamp {frame.getPTS()} of no packet decoded here")
                 # The host copy is waited for: Decode may reuse the frame's buffer from the next call on.
                 [(bgr, image)] = self._to_bgr([frame], stream)
-                if not emit(frame_segment, NvdecFrame(bgr, image, stream)):
+                if not emit(frame_segment, ConvertedFrame(bgr, image, stream)):
                     return None
             if end:
                 return segment + 1

@@ -78,14 +78,14 @@ def _read_converted(path: str, vid_stride: int, count: int, gpu_frames: Uploads,
         video = (NvdecVideo(path, gpu_frames.device, tags=tags, decoders=decoders) if nvdec
                  else PlanesVideo(path, gpu_frames.device, tags=tags))
         with video:
-            for nvdec_frame in video:
+            for converted in video:
                 decoded += 1
                 if decoded % vid_stride:  # stock grabs vid_stride frames and retrieves the last
                     continue
-                with torch.cuda.stream(nvdec_frame.stream):
-                    upload = gpu_frames.add(nvdec_frame.image, nvdec_frame.bgr)
+                with torch.cuda.stream(converted.stream):
+                    upload = gpu_frames.add(converted.image, converted.bgr)
                 frame += 1
-                if not put_unless_stopped(frames, stop, VideoFrame(nvdec_frame.image, frame == count, upload)):
+                if not put_unless_stopped(frames, stop, VideoFrame(converted.image, frame == count, upload)):
                     return False
                 if frame == count:
                     return True
