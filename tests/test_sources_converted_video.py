@@ -21,7 +21,7 @@ BT709_LIMITED = ("h264", 1280, 720, "yuv420p", 1, 1, 1, 1)
     ("h264", "98x720", True, ("h264", 98, 720, "yuvj420p", 1, 2, 1, 1)),  # BT.709 from 720 rows, full range
 ])
 def test_probe_reads_the_first_frames_tags(tmp_path, codec, size, full_range, expected):
-    path = write_camera_clip(tmp_path / f"clip_{codec}.mp4", 2, size, codec, full_range=full_range)
+    path = write_camera_clip(tmp_path / f"clip_{codec}.mp4", 4, size, codec, full_range=full_range)
     tags = probe_stream(str(path))
     assert tags == StreamTags(*expected)
     assert stream_reason(tags) is None

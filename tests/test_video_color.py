@@ -78,7 +78,7 @@ def assert_matches_opencv(path: Path, device: str = "cpu", layout: str = "i420")
 # SIMD converter's row tails.
 CLIPS = {
     "h264_1366x768_bt709": lambda path: write_camera_clip(path, 3, "1366x768"),
-    "hevc_854x480_bt601": lambda path: write_camera_clip(path, 3, "480p", "hevc"),
+    "hevc_854x480_bt601": lambda path: write_camera_clip(path, 4, "480p", "hevc"),
     "h264_170x96_full_range": lambda path: write_camera_clip(path, 4, (170, 96), full_range=True),
     "hevc_98x74": lambda path: write_camera_clip(path, 4, (98, 74), "hevc"),
     "h264_vfr_160x90": lambda path: write_camera_clip(path, 5, (160, 90), frame_times=[0, 0.01, 0.1, 0.13, 0.4]),

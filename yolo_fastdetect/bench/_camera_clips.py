@@ -64,6 +64,10 @@ def write_clip(path: Path, images: Iterable[np.ndarray], width: int, height: int
         gop: Frames from one IDR picture to the next, every GOP closed (x264 / x265); None leaves the encoder's
             default (x264: IDR at most every 250 frames; x265: open GOPs, one IDR).
 
+    HEVC clips need 4 frames or more: x265 sometimes gives a clip of 1 to 3 frames packets without timestamps, which
+    the MP4 muxer refuses ("pts/dts pair unsupported": 4 of 200 two-frame clips on the development machine, none of
+    200 at 4 or 8 frames).
+
     Returns:
         ``path``.
 
