@@ -25,12 +25,15 @@ from test_sources_videos import TIMEOUT_S, assert_same_frames, predict, stock_pe
 from video_corpus import opencv_frames, write_camera_clip, write_opencv
 from yolo_fastdetect.sources import VideoListLoader, converted_video, nvdec
 from yolo_fastdetect.sources import video as video_module
-from yolo_fastdetect.sources.converted_video import FETCH_FRAMES, ConvertedFrame, StreamTags, probe_stream
+from yolo_fastdetect.sources.converted_video import FETCH_FRAMES, ConvertedFrame, GpuVideo, StreamTags, probe_stream
 from yolo_fastdetect.sources.video import VIDEO_END, VideoFrame, VideoReader, VideoStart
 
 pytest.importorskip("av", reason="PyAV writes the H.264 / HEVC clips and reads their colour tags")
 
 NOT_INSTALLED = "PyNvVideoCodec is not installed (pip install 'yolo-fastdetect[video]')"
+# What file_loader chooses for a GPU predictor with YOLO_FASTDETECT_GPU_VIDEO=1 (its frames converted on the CPU
+# here, by the tests' stand-in decoder).
+ASKED_FOR_NVDEC = GpuVideo(torch.device("cpu"), nvdec=True, log_skips=True)
 
 
 @pytest.fixture
@@ -197,7 +200,6 @@ def assert_same_items(ours: list, stock: list) -> None:
 @pytest.mark.parametrize("vid_stride", [1, 2, 3])
 @pytest.mark.parametrize("fail_after", [None, 0, 4])
 def test_reader_with_nvdec_gives_stock_frames_counters_and_end(tmp_path, monkeypatch, vid_stride, fail_after):
-    monkeypatch.setenv("YOLO_FASTDETECT_GPU_VIDEO", "1")
     path = str(write_camera_clip(tmp_path / "clip.mp4", 7, "96x64"))
     probed = StreamTags(*BT709_LIMITED)
     monkeypatch.setattr(video_module, "nvdec_tags_or_reason", lambda path: probed)
@@ -208,7 +210,8 @@ def test_reader_with_nvdec_gives_stock_frames_counters_and_end(tmp_path, monkeyp
     gpu_frames = SimpleNamespace(device=torch.device("cpu"), add=lambda image, bgr: held.append((image, bgr)))
     stock = read_all(VideoReader([path], vid_stride, gray=False, capacity=2))
     with captured_log() as lines:
-        ours = read_all(VideoReader([path], vid_stride, gray=False, capacity=2, gpu_frames=gpu_frames))
+        ours = read_all(VideoReader([path], vid_stride, gray=False, capacity=2, gpu_frames=gpu_frames,
+                                    gpu_video=ASKED_FOR_NVDEC))
     assert_same_items(ours, stock)
     assert StandInDecoder.opened == [(path, probed)]  # the tags of the check: the stream is probed once
     given = 7 // vid_stride if fail_after is None else fail_after // vid_stride  # frames before the failure
@@ -219,14 +222,14 @@ def test_reader_with_nvdec_gives_stock_frames_counters_and_end(tmp_path, monkeyp
         f"yolo_fastdetect: NVDEC failed on {path} after {given} frames (CUVID error: bitstream); cv2 reads on"])
 
 
-def test_reader_logs_why_nvdec_does_not_apply_and_reads_with_cv2(tmp_path, fake_pynvvideocodec, monkeypatch):
-    monkeypatch.setenv("YOLO_FASTDETECT_GPU_VIDEO", "1")
+def test_reader_logs_why_nvdec_does_not_apply_and_reads_with_cv2(tmp_path, fake_pynvvideocodec):
     path = str(write_opencv(tmp_path / "clip.mp4", 5, 96, 64))
     fake_pynvvideocodec(None)
     gpu_frames = SimpleNamespace(device=torch.device("cpu"), add=None)
     stock = read_all(VideoReader([path], 1, gray=False, capacity=2))
     with captured_log() as lines:
-        ours = read_all(VideoReader([path], 1, gray=False, capacity=2, gpu_frames=gpu_frames))
+        ours = read_all(VideoReader([path], 1, gray=False, capacity=2, gpu_frames=gpu_frames,
+                                    gpu_video=ASKED_FOR_NVDEC))
     assert_same_items(ours, stock)
     assert lines == [f"yolo_fastdetect: {path} decodes on the CPU, not with NVDEC: {NOT_INSTALLED}"]
 
@@ -340,3 +343,49 @@ def test_a_list_of_videos_matches_stock_per_video(nvdec_ready, model, tmp_path):
     ours = within(120, lambda: predict(model, [str(c) for c in clips], batch=2, device="cuda"))
     assert isinstance(model.predictor.dataset, VideoListLoader) and model.predictor.dataset.uploads is not None
     assert_same_frames(ours, stock)
+
+
+@pytest.mark.parametrize("log_skips", [True, False])
+def test_reader_logs_why_pyav_does_not_apply_only_where_asked_for(tmp_path, log_skips):
+    """PyAV's planes are the default: a video cv2 reads instead is logged only where the user set the switch."""
+    path = str(write_opencv(tmp_path / "clip.mp4", 5, 96, 64))
+    gpu_frames = SimpleNamespace(device=torch.device("cpu"), add=None)
+    stock = read_all(VideoReader([path], 1, gray=False, capacity=2))
+    with captured_log() as lines:
+        ours = read_all(VideoReader([path], 1, gray=False, capacity=2, gpu_frames=gpu_frames,
+                                    gpu_video=GpuVideo(torch.device("cpu"), nvdec=False, log_skips=log_skips)))
+    assert_same_items(ours, stock)
+    why = "no CUDA device" if not torch.cuda.is_available() else "codec mpeg4 is not H.264 or HEVC"
+    assert lines == ([f"yolo_fastdetect: {path} decodes with cv2, not PyAV: {why}"] if log_skips else [])
+
+
+@pytest.mark.parametrize(("environment", "expected"), [
+    ({}, (False, False)),  # PyAV's planes by default, cv2's reads of other streams not logged
+    ({"YOLO_FASTDETECT_PYAV_VIDEO": "1"}, (False, True)),
+    ({"YOLO_FASTDETECT_GPU_VIDEO": "1"}, (True, True)),
+    ({"YOLO_FASTDETECT_GPU_VIDEO": "1", "YOLO_FASTDETECT_PYAV_VIDEO": "0"}, (True, True)),
+    ({"YOLO_FASTDETECT_PYAV_VIDEO": "0"}, None),  # cv2 reads every video, as stock
+])
+def test_a_gpu_predictors_loader_chooses_its_decoder_once(monkeypatch, tmp_path, environment, expected):
+    """The choice is made as the loader is made: a switch changed afterwards does not reach its readers."""
+    from yolo_fastdetect.sources import file_loader, gpu_video_choice
+
+    for name in ("YOLO_FASTDETECT_GPU_VIDEO", "YOLO_FASTDETECT_PYAV_VIDEO"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    device = torch.device("cuda", 0)
+    choice = gpu_video_choice(device)
+    assert (choice if expected is None else (choice.device, choice.nvdec, choice.log_skips)) == (
+        None if expected is None else (device, *expected))
+    assert gpu_video_choice(None) is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu_video_choice(device) is None
+
+    clips = [str(write_opencv(tmp_path / f"{index}.avi", 2, 96, 64)) for index in range(2)]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr("yolo_fastdetect.sources.video_list.Uploads", lambda device, capacity: SimpleNamespace())
+    loader = file_loader(clips, batch=2, device=device)
+    monkeypatch.setenv("YOLO_FASTDETECT_GPU_VIDEO", "0" if environment.get("YOLO_FASTDETECT_GPU_VIDEO") else "1")
+    assert loader._gpu_video == choice

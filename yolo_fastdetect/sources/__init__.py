@@ -42,6 +42,7 @@ from ultralytics.data.utils import VID_FORMATS
 
 from .. import config
 from .batch import ImageBatch
+from .converted_video import GpuVideo
 from .files import FileLoader
 from .path_list import PathListLoader
 from .prefetch import OrderedPrefetch
@@ -116,6 +117,22 @@ def local_video_streams(source: object) -> list[str] | None:
     return lines if lines and local else None
 
 
+def gpu_video_choice(device: torch.device | None) -> GpuVideo | None:
+    """How a GPU predictor's loader reads its videos, chosen once as it is made: converted on ``device`` (where a GPU
+    is here), decoded by NVDEC with ``YOLO_FASTDETECT_GPU_VIDEO=1``, else by PyAV to planes unless
+    ``YOLO_FASTDETECT_PYAV_VIDEO=0``; a video cv2 reads instead is logged where the user set the decoder's switch.
+    None: cv2 reads the videos.
+
+    Examples:
+        >>> gpu_video_choice(None) is None  # a CPU predictor: cv2 reads, as stock
+        True
+    """
+    nvdec = config.get(GPU_VIDEO_VARIABLE)
+    if device is None or not (nvdec or config.get(PYAV_VIDEO_VARIABLE)) or not torch.cuda.is_available():
+        return None
+    return GpuVideo(device, nvdec, log_skips=nvdec or config.is_set(PYAV_VIDEO_VARIABLE))
+
+
 def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3, device: torch.device | None = None,
                 tracking: bool = False) -> FileLoader | PathListLoader | VideoListLoader | None:
     """The parallel loader for ``source``, or None where Ultralytics' own loader stays (not a file source, or
@@ -147,9 +164,7 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3, 
     nice = device is not None and config.get(DECODER_NICE_VARIABLE)
     options = {"batch": batch, "channels": channels, "threads": decode_threads(), "read_ahead": read_ahead(),
                "upload_to": device if upload else None, "lower_priority": nice}
-    # Videos whose frames the GPU converts: NVDEC's (opt-in) or PyAV's planes (by default), where a GPU is here.
-    converted_video = config.get(GPU_VIDEO_VARIABLE) or config.get(PYAV_VIDEO_VARIABLE)
-    gpu_video = device if converted_video and device is not None and torch.cuda.is_available() else None
+    gpu_video = gpu_video_choice(device)
     if streams is None and _is_local_path(source):
         gpu_jpeg = device if config.get(GPU_JPEG_VARIABLE) else None
         return FileLoader(source, vid_stride=vid_stride, gpu_jpeg=gpu_jpeg, gpu_video=gpu_video, **options)

@@ -24,8 +24,8 @@ import torch
 from .. import _ext
 from ..ops.video_color import opencv_conversion
 
-__all__ = ["FETCH_FRAMES", "ConvertedFrame", "StreamTags", "gpu_conversion_tags_or_reason", "probe_stream",
-           "stream_reason"]
+__all__ = ["FETCH_FRAMES", "ConvertedFrame", "GpuVideo", "StreamTags", "gpu_conversion_tags_or_reason",
+           "probe_stream", "stream_reason"]
 
 # FFmpeg's codec names of the streams converted on the GPU (others are not checked against cv2).
 CONVERTED_CODECS = ("h264", "hevc")
@@ -33,6 +33,23 @@ CONVERTED_CODECS = ("h264", "hevc")
 CONVERTED_PIXEL_FORMATS = ("yuv420p", "yuvj420p")
 # Frames a converting decoder converts, copies to the host and waits for at a time.
 FETCH_FRAMES = 8
+
+
+@dataclass(frozen=True)
+class GpuVideo:
+    """A loader's choice for its videos, made once as the loader is made (:func:`..sources.file_loader`, from
+    ``YOLO_FASTDETECT_PYAV_VIDEO`` and ``YOLO_FASTDETECT_GPU_VIDEO``): their frames converted on ``device`` where
+    that gives cv2's, decoded by NVDEC (``nvdec``) or else by PyAV to planes.
+
+    Attributes:
+        device (torch.device): The CUDA device that converts the frames.
+        nvdec (bool): NVDEC decodes (:mod:`.nvdec`); False: PyAV's planes (:mod:`.av_planes`).
+        log_skips (bool): The user asked for this decoder: a video cv2 reads instead is logged, with the reason.
+    """
+
+    device: torch.device
+    nvdec: bool
+    log_skips: bool
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ Stock ``LoadImagesAndVideos`` decodes a batch of images only when the predictor 
 batch 8, else in a ``ThreadPool`` of at most 8 threads made for that batch) and reads video frames on the
 predictor's thread. :class:`FileLoader` keeps its ``__init__`` (the same files, order, and errors for a missing
 path), and decodes ahead: images with Ultralytics' own ``imread`` on a pool of threads, videos on background
-threads, one per video, several consecutive videos of a folder at once, each a batch ahead (:mod:`.video`; with
-NVDEC where ``gpu_video`` allows and that gives cv2's frames, :mod:`.nvdec`). Its
+threads, one per video, several consecutive videos of a folder at once, each a batch ahead (:mod:`.video`; converted
+on the GPU where ``gpu_video`` allows and that gives cv2's frames, :mod:`.converted_video`). Its
 batches are stock's: the next ``batch`` images that decode (an unreadable one is skipped
 with stock's "Image Read Error" warning), images before videos, a batch never spanning two videos, and the same
 ``info`` strings, ``mode``, ``frame``, ``frames``, ``fps`` and ``count`` as each batch is returned.
@@ -25,6 +25,7 @@ from ultralytics.data import loaders
 from ultralytics.data.loaders import LoadImagesAndVideos, SourceTypes
 
 from .batch import ImageBatch
+from .converted_video import GpuVideo
 from .gpu_jpeg import EncodedJpeg, decode_on_gpu, read_for_gpu
 from .prefetch import OrderedPrefetch, read_ahead_window
 from .upload import Upload, Uploads, loader_uploads
@@ -74,9 +75,9 @@ class FileLoader(LoadImagesAndVideos):
             (:mod:`.upload`; each batch carries its images' copies, :class:`.batch.ImageBatch`), or None.
         gpu_jpeg (torch.device | None): A CUDA device to decode the baseline JPEGs on (:mod:`.gpu_jpeg`, opt-in:
             not stock's pixels), or None.
-        gpu_video (torch.device | None): A CUDA device that converts the videos' frames where that gives cv2's:
-            decoded by PyAV to planes (:mod:`.av_planes`), or by NVDEC with ``YOLO_FASTDETECT_GPU_VIDEO=1``
-            (:mod:`.nvdec`); their copies ride in :attr:`uploads`. None: cv2 reads them.
+        gpu_video (GpuVideo | None): Where and with which decoder the GPU converts the videos' frames where that
+            gives cv2's: decoded by PyAV to planes (:mod:`.av_planes`) or by NVDEC (:mod:`.nvdec`); their copies ride
+            in :attr:`uploads`. None: cv2 reads them.
         lower_priority (bool): Decoder threads below the caller's priority (:class:`.OrderedPrefetch`; for a
             predictor on a GPU).
 
@@ -87,7 +88,7 @@ class FileLoader(LoadImagesAndVideos):
 
     def __init__(self, path, batch: int = 1, vid_stride: int = 1, channels: int = 3, threads: int = 1,
                  read_ahead: int = 2, upload_to: torch.device | None = None, gpu_jpeg: torch.device | None = None,
-                 gpu_video: torch.device | None = None, lower_priority: bool = False):
+                 gpu_video: GpuVideo | None = None, lower_priority: bool = False):
         super().__init__(path, batch=batch, vid_stride=vid_stride, channels=channels)
         if self.cap:  # stock opened the first video to read its fps and frame count; the reader opens its own
             self.cap.release()
@@ -96,8 +97,8 @@ class FileLoader(LoadImagesAndVideos):
         self.threads, self.read_ahead, self.lower_priority = threads, read_ahead, lower_priority
         videos = self.nf - self.ni
         self.open_videos = min(videos_open_at_once(threads, batch), videos) if videos > 1 else 1
-        converted_video = gpu_video if videos else None  # (no uploads for a source of images only)
-        self.uploads = loader_uploads(upload_to or gpu_jpeg or converted_video, batch, threads, read_ahead,
+        converted_on = gpu_video.device if gpu_video is not None and videos else None  # (none for images only)
+        self.uploads = loader_uploads(upload_to or gpu_jpeg or converted_on, batch, threads, read_ahead,
                                       self.open_videos)
         self._upload_ahead, self._gpu_jpeg, self._gpu_video = upload_to is not None, gpu_jpeg is not None, gpu_video
         self._images: OrderedPrefetch | None = None
@@ -116,7 +117,7 @@ class FileLoader(LoadImagesAndVideos):
             gray = self.cv2_flag == cv2.IMREAD_GRAYSCALE
             uploading = {"upload_ahead": self.uploads if self._upload_ahead else None,
                          "gpu_frames": self.uploads if self._gpu_video is not None else None,
-                         "decoders": nvdec_decoders(self.open_videos)}
+                         "gpu_video": self._gpu_video, "decoders": nvdec_decoders(self.open_videos)}
             if self.open_videos > 1:
                 self._videos = VideosInOrder(self.files[self.ni :], self.vid_stride, gray, self.bs, self.open_videos,
                                              **uploading)

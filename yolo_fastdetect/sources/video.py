@@ -6,13 +6,13 @@ per loader reads the videos one after another into a bounded queue (the read-ahe
 reported frame count (``CAP_PROP_FRAME_COUNT / vid_stride``) or at the first failed grab; a video that does not open
 raises ``FileNotFoundError("Failed to open video ...")`` when the consumer reaches it.
 
-With ``gpu_frames`` (a GPU predictor) a video whose frames the GPU converts to cv2's bytes is read that way after
-cv2 has opened it (stock's errors, frame rate and count): decoded by PyAV to planes (:mod:`.av_planes`, the default:
-one 720p stream 1,211 against 803 frames/s through cv2 on an H100 host, docs/video_design.md) or, with
-``YOLO_FASTDETECT_GPU_VIDEO=1``, by NVDEC (:mod:`.nvdec`). Each frame comes as a host copy (pinned within
-:mod:`..pinned`'s budget), its BGR tensor held in ``gpu_frames`` (:class:`.upload.Uploads`) for the predictor; where
-the decoder does not apply cv2 reads the video (one log line says why, where the user asked for that decoder); where
-it fails mid-video cv2 reads on from the next frame.
+With a :class:`.converted_video.GpuVideo` (a GPU predictor's choice, made as its loader is made) a video whose frames
+the GPU converts to cv2's bytes is read that way after cv2 has opened it (stock's errors, frame rate and count):
+decoded by PyAV to planes (:mod:`.av_planes`, the default: one 720p stream 1,211 against 803 frames/s through cv2 on
+an H100 host, docs/video_design.md) or, with ``YOLO_FASTDETECT_GPU_VIDEO=1``, by NVDEC (:mod:`.nvdec`). Each frame
+comes as a host copy (pinned within :mod:`..pinned`'s budget), its BGR tensor held in ``gpu_frames``
+(:class:`.upload.Uploads`) for the predictor; where the decoder does not apply cv2 reads the video (one log line says
+why, where the user asked for that decoder); where it fails mid-video cv2 reads on from the next frame.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from ultralytics.utils import LOGGER
 from .. import config
 from ..pinned import pinned_array
 from .av_planes import PlanesVideo, planes_tags_or_reason
+from .converted_video import GpuVideo
 from .handoff import drain, get_from, put_unless_stopped
 from .nvdec import NvdecLayoutError, NvdecVideo, nvdec_tags_or_reason
 from .upload import Upload, Uploads
@@ -59,24 +60,23 @@ class VideoFrame:
 VIDEO_END = "end"  # a grab failed: the video ended before its reported frame count (or could not be read on)
 
 
-def _read_converted(path: str, vid_stride: int, count: int, gpu_frames: Uploads, decoders: int,
+def _read_converted(path: str, vid_stride: int, count: int, gpu_frames: Uploads, gpu_video: GpuVideo, decoders: int,
                     frames: queue.Queue, stop: threading.Event) -> bool | int:
-    """Read ``path`` by stock's rules from a decoder whose frames the GPU converts to cv2's BGR bytes, where that
-    gives cv2's frames: NVDEC (``decoders`` at once) with ``YOLO_FASTDETECT_GPU_VIDEO=1``, otherwise PyAV's planes.
-    True or False as :func:`_read_one` returns; otherwise the number of frames read (0 where the decoder does not
-    apply), from which cv2 reads on. Why a decoder does not apply is logged where the user asked for it."""
-    nvdec = config.get("YOLO_FASTDETECT_GPU_VIDEO")
-    decoder = "NVDEC" if nvdec else "PyAV"
-    tags = nvdec_tags_or_reason(path) if nvdec else planes_tags_or_reason(path)
+    """Read ``path`` by stock's rules from the decoder of ``gpu_video`` (NVDEC with ``decoders`` at once, or PyAV's
+    planes), whose frames the GPU converts to cv2's BGR bytes, where that gives cv2's frames. True or False as
+    :func:`_read_one` returns; otherwise the number of frames read (0 where the decoder does not apply), from which
+    cv2 reads on. Why a decoder does not apply is logged where the user asked for it."""
+    decoder = "NVDEC" if gpu_video.nvdec else "PyAV"
+    tags = nvdec_tags_or_reason(path) if gpu_video.nvdec else planes_tags_or_reason(path)
     if isinstance(tags, str):
-        if nvdec or config.is_set("YOLO_FASTDETECT_PYAV_VIDEO"):
-            how = "on the CPU, not with NVDEC" if nvdec else "with cv2, not PyAV"
+        if gpu_video.log_skips:
+            how = "on the CPU, not with NVDEC" if gpu_video.nvdec else "with cv2, not PyAV"
             LOGGER.info(f"yolo_fastdetect: {path} decodes {how}: {tags}")
         return 0
     frame = decoded = 0
     try:
-        video = (NvdecVideo(path, gpu_frames.device, tags=tags, decoders=decoders) if nvdec
-                 else PlanesVideo(path, gpu_frames.device, tags=tags))
+        video = (NvdecVideo(path, gpu_video.device, tags=tags, decoders=decoders) if gpu_video.nvdec
+                 else PlanesVideo(path, gpu_video.device, tags=tags))
         with video:
             for converted in video:
                 decoded += 1
@@ -98,7 +98,7 @@ def _read_converted(path: str, vid_stride: int, count: int, gpu_frames: Uploads,
 
 
 def _read_one(path: str, vid_stride: int, gray: bool, upload_ahead: Uploads | None, gpu_frames: Uploads | None,
-              decoders: int, frames: queue.Queue, stop: threading.Event) -> bool:
+              gpu_video: GpuVideo | None, decoders: int, frames: queue.Queue, stop: threading.Event) -> bool:
     """Read one video into ``frames``; False when reading should stop (consumer gone, or the video did not open).
     With ``upload_ahead`` each BGR frame after the first is retrieved into pinned memory of the previous frame's size
     (cv2 gives every frame the first one's), so that its copy to the GPU starts from there."""
@@ -112,8 +112,8 @@ def _read_one(path: str, vid_stride: int, gray: bool, upload_ahead: Uploads | No
         if not put_unless_stopped(frames, stop, VideoStart(fps, count)):
             return False
         frame = 0
-        if gpu_frames is not None and not gray:
-            outcome = _read_converted(path, vid_stride, count, gpu_frames, decoders, frames, stop)
+        if gpu_video is not None and gpu_frames is not None and not gray:
+            outcome = _read_converted(path, vid_stride, count, gpu_frames, gpu_video, decoders, frames, stop)
             if isinstance(outcome, bool):  # (bool before int: a bool is an int)
                 return outcome
             frame = outcome
@@ -146,10 +146,11 @@ def _read_one(path: str, vid_stride: int, gray: bool, upload_ahead: Uploads | No
 
 
 def _read_all(paths: Sequence[str], vid_stride: int, gray: bool, upload_ahead: Uploads | None,
-              gpu_frames: Uploads | None, decoders: int, frames: queue.Queue, stop: threading.Event) -> None:
+              gpu_frames: Uploads | None, gpu_video: GpuVideo | None, decoders: int, frames: queue.Queue,
+              stop: threading.Event) -> None:
     try:
         for path in paths:
-            if not _read_one(path, vid_stride, gray, upload_ahead, gpu_frames, decoders, frames, stop):
+            if not _read_one(path, vid_stride, gray, upload_ahead, gpu_frames, gpu_video, decoders, frames, stop):
                 return
     except BaseException as error:  # noqa: BLE001 - handed to the consumer, which raises it
         put_unless_stopped(frames, stop, error)
@@ -168,19 +169,20 @@ class VideoReader:
     :data:`VIDEO_END` unless the last frame said ``last``; it raises what the reader raised (a video that did not
     open, a decoder error). The thread and its open capture end at :meth:`close` or garbage collection.
     ``upload_ahead``, when given, uploads each frame cv2 decodes from the reader's thread (:mod:`.upload`),
-    retrieved into pinned memory, and the frame carries its upload. ``gpu_frames``, when given, has the frames
-    converted on its device where that gives cv2's frames, decoded by PyAV (:class:`.av_planes.PlanesVideo`) or, with
-    ``YOLO_FASTDETECT_GPU_VIDEO=1``, by NVDEC with ``decoders`` decoders on each video at once
-    (:class:`.nvdec.NvdecVideo`), and holds their GPU copies (see the module docstring).
+    retrieved into pinned memory, and the frame carries its upload. With ``gpu_video`` (and ``gpu_frames``, which
+    holds their GPU copies) the frames are converted on its device where that gives cv2's frames, decoded by PyAV
+    (:class:`.av_planes.PlanesVideo`) or by NVDEC with ``decoders`` decoders on each video at once
+    (:class:`.nvdec.NvdecVideo`), as ``gpu_video`` says (see the module docstring).
     """
 
     def __init__(self, paths: Sequence[str], vid_stride: int, gray: bool, capacity: int,
-                 upload_ahead: Uploads | None = None, gpu_frames: Uploads | None = None, decoders: int = 1):
+                 upload_ahead: Uploads | None = None, gpu_frames: Uploads | None = None,
+                 gpu_video: GpuVideo | None = None, decoders: int = 1):
         self._frames: queue.Queue = queue.Queue(maxsize=max(1, capacity))
         stop = threading.Event()
         self._thread = threading.Thread(
             target=_read_all, daemon=True, name="yolo_fastdetect_video",
-            args=(list(paths), vid_stride, gray, upload_ahead, gpu_frames, decoders, self._frames, stop),
+            args=(list(paths), vid_stride, gray, upload_ahead, gpu_frames, gpu_video, decoders, self._frames, stop),
         )
         self._thread.start()
         self._finalizer = weakref.finalize(self, _stop, self._thread, stop, self._frames)
@@ -239,11 +241,13 @@ class VideosInOrder:
     """
 
     def __init__(self, paths: Sequence[str], vid_stride: int, gray: bool, capacity: int, open_videos: int,
-                 upload_ahead: Uploads | None = None, gpu_frames: Uploads | None = None, decoders: int = 1):
+                 upload_ahead: Uploads | None = None, gpu_frames: Uploads | None = None,
+                 gpu_video: GpuVideo | None = None, decoders: int = 1):
         self._waiting = collections.deque(paths)
         self._open: collections.deque[VideoReader] = collections.deque()
         self._reader = functools.partial(VideoReader, vid_stride=vid_stride, gray=gray, capacity=capacity,
-                                         upload_ahead=upload_ahead, gpu_frames=gpu_frames, decoders=decoders)
+                                         upload_ahead=upload_ahead, gpu_frames=gpu_frames, gpu_video=gpu_video,
+                                         decoders=decoders)
         self._open_videos = max(1, open_videos)
         self._open_more()
 

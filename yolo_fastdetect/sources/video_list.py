@@ -47,6 +47,7 @@ from ultralytics.data.loaders import LoadImagesAndVideos, SourceTypes
 from ultralytics.data.utils import IMG_FORMATS, VID_FORMATS
 
 from .batch import ImageBatch
+from .converted_video import GpuVideo
 from .upload import Uploads
 from .video import VIDEO_END, VideoReader, VideoStart, nvdec_decoders
 
@@ -110,8 +111,9 @@ class VideoListLoader(LoadImagesAndVideos):
         channels (int): Image channels of the model (1 grayscale, 3 BGR).
         open_videos (int): Videos open (and decoding) at once.
         upload_to (torch.device | None): A CUDA device the reader threads upload the frames to (:mod:`.upload`).
-        gpu_video (torch.device | None): A CUDA device that converts the videos' frames where that gives cv2's
-            (PyAV's planes, or NVDEC's: as :class:`.files.FileLoader`); their copies ride in :attr:`uploads`.
+        gpu_video (GpuVideo | None): Where and with which decoder the GPU converts the videos' frames where that
+            gives cv2's (PyAV's planes, or NVDEC's: as :class:`.files.FileLoader`); their copies ride in
+            :attr:`uploads`.
         interleave (bool): Hand out the open videos' batches in turn; False for a tracker, which follows one video
             at a time: each video whole, in list order.
 
@@ -121,7 +123,7 @@ class VideoListLoader(LoadImagesAndVideos):
     """
 
     def __init__(self, paths: Sequence[str | Path], batch: int = 1, vid_stride: int = 1, channels: int = 3,
-                 open_videos: int = 2, upload_to: torch.device | None = None, gpu_video: torch.device | None = None,
+                 open_videos: int = 2, upload_to: torch.device | None = None, gpu_video: GpuVideo | None = None,
                  interleave: bool = True):
         # LoadImagesAndVideos.__init__ is not called: it sorts a list and opens its first video.
         files = []
@@ -138,10 +140,10 @@ class VideoListLoader(LoadImagesAndVideos):
         self.cv2_flag = {1: cv2.IMREAD_GRAYSCALE, 3: cv2.IMREAD_COLOR}.get(channels, cv2.IMREAD_UNCHANGED)
         self.cap, self.frame, self.frames, self.fps, self.count = None, 0, 0, 0.0, 0
         self.source_type = SourceTypes()  # frames carry their index in ``info``, as a file source's do
-        device = upload_to or gpu_video
+        device = upload_to or (gpu_video.device if gpu_video is not None else None)
         in_flight = frames_in_flight(min(self.open_videos, self.nf), batch)
         self.uploads = Uploads(device, in_flight) if device is not None else None
-        self._upload_ahead, self._gpu_video = upload_to is not None, gpu_video is not None
+        self._upload_ahead, self._gpu_video = upload_to is not None, gpu_video
         self._slots: list[_OpenVideo | None] = []  # the open videos, in their order of the round
         self._turn = 0  # the slot whose batch comes next
         self._next_index = 0  # the next video of the list to open
@@ -159,8 +161,8 @@ class VideoListLoader(LoadImagesAndVideos):
             return None
         reader = VideoReader([self.files[self._next_index]], self.vid_stride, self.cv2_flag == cv2.IMREAD_GRAYSCALE,
                              self.bs, upload_ahead=self.uploads if self._upload_ahead else None,
-                             gpu_frames=self.uploads if self._gpu_video else None,
-                             decoders=nvdec_decoders(min(self.open_videos, self.nf)))
+                             gpu_frames=self.uploads if self._gpu_video is not None else None,
+                             gpu_video=self._gpu_video, decoders=nvdec_decoders(min(self.open_videos, self.nf)))
         self._next_index += 1
         return _OpenVideo(self._next_index - 1, reader)
 
