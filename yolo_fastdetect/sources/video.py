@@ -65,9 +65,9 @@ VIDEO_END = "end"  # a grab failed: the video ended before its reported frame co
 def _read_converted(path: str, vid_stride: int, count: int, gpu_frames: Uploads, gpu_video: GpuVideo,
                     frames: queue.Queue, stop: threading.Event) -> bool | int:
     """Read ``path`` by stock's rules from the decoder of ``gpu_video`` (NVDEC or PyAV's planes), whose frames the
-    GPU converts to cv2's BGR bytes, where that gives cv2's frames. True or False as
-    :func:`_read_one` returns; otherwise the number of frames read (0 where the decoder does not apply), from which
-    cv2 reads on. Why a decoder does not apply is logged where the user asked for it."""
+    GPU converts to cv2's BGR bytes, where that gives cv2's frames. True or False as :func:`_read_one` returns;
+    otherwise the number of frames read (0 where the decoder does not apply), from which cv2 reads on. Why a decoder
+    does not apply is logged where the user asked for it."""
     decoder = "NVDEC" if gpu_video.nvdec else "PyAV"
     tags = nvdec_tags_or_reason(path) if gpu_video.nvdec else planes_tags_or_reason(path)
     if isinstance(tags, str):
