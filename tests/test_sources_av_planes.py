@@ -84,14 +84,6 @@ def test_frames_equal_cv2s_on_the_cpu(tmp_path, generator, name):
     assert_same_frames([frame.image for frame in frames], opencv_frames(path))
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_frames_equal_cv2s_with_fewer_ffmpeg_threads(tmp_path, generator, threads):
-    """A list's videos decoding side by side share the cores (sources/video.py, pyav_threads): the frames stay cv2's."""
-    path = CLIPS["hevc_98x64"](tmp_path / "clip.mp4", generator)
-    with PlanesVideo(str(path), "cpu", threads=threads) as video:
-        assert_same_frames([frame.image for frame in video], opencv_frames(path))
-
-
 def test_refuses_what_it_cannot_convert_as_cv2_does(tmp_path):
     mp4v = write_opencv(tmp_path / "mp4v.mp4", 4, 160, 120)  # MPEG-4 Part 2, OpenCV's own writer
     odd_height = write_clip(tmp_path / "odd.mp4", camera_frames(2, 64, 49), 64, 49, "mpeg4")

@@ -9,7 +9,6 @@ truncated video and a list of videos, every batch letterboxed from the NVDEC fra
 
 from __future__ import annotations
 
-import os
 import sys
 import types
 from pathlib import Path
@@ -389,18 +388,4 @@ def test_a_gpu_predictors_loader_chooses_its_decoder_once(monkeypatch, tmp_path,
     monkeypatch.setattr("yolo_fastdetect.sources.video_list.Uploads", lambda device, capacity: SimpleNamespace())
     loader = file_loader(clips, batch=2, device=device)
     monkeypatch.setenv("YOLO_FASTDETECT_GPU_VIDEO", "0" if environment.get("YOLO_FASTDETECT_GPU_VIDEO") else "1")
-    assert loader._gpu_video == video_module.decoding_at_once(choice, 2, side_by_side=True)
-
-
-def test_videos_decoding_side_by_side_share_the_cores():
-    """PyAV's threads are shared among a list's videos, which decode side by side; a folder's or a tracker's videos,
-    handed out one after another, keep FFmpeg's choice; NVDEC's decoders are shared either way."""
-    cores = len(os.sched_getaffinity(0))
-    chosen = GpuVideo(torch.device("cuda", 0), nvdec=False, log_skips=False)
-    assert video_module.decoding_at_once(None, 8, side_by_side=True) is None
-    for open_videos in (1, 2, 8):
-        shared = video_module.decoding_at_once(chosen, open_videos, side_by_side=True)
-        assert (shared.device, shared.nvdec, shared.log_skips) == (chosen.device, False, False)
-        assert shared.pyav_threads == (None if open_videos == 1 else max(1, cores // open_videos))
-        assert shared.nvdec_decoders == video_module.nvdec_decoders(open_videos)
-        assert video_module.decoding_at_once(chosen, open_videos, side_by_side=False).pyav_threads is None
+    assert loader._gpu_video == choice

@@ -102,12 +102,12 @@ def nvdec_frames(path: Path, decoders: int = 1) -> int:
         return sum(1 for _ in video)
 
 
-def planes_frames(path: Path, threads: int | None = None) -> int:
-    """The frames PyAV's planes alone give of ``path`` (FFmpeg's ``threads``), converted on the GPU with their pinned
-    host copies, as the loader hands them to the predictor by default."""
+def planes_frames(path: Path) -> int:
+    """The frames PyAV's planes alone give of ``path``, converted on the GPU with their pinned host copies, as the
+    loader hands them to the predictor by default."""
     from yolo_fastdetect.sources.av_planes import PlanesVideo
 
-    with PlanesVideo(str(path), torch.device("cuda", torch.cuda.current_device()), threads=threads) as video:
+    with PlanesVideo(str(path), torch.device("cuda", torch.cuda.current_device())) as video:
         return sum(1 for _ in video)
 
 

@@ -53,7 +53,7 @@ from unittest import mock
 import numpy as np
 import torch
 
-from ..sources.video import nvdec_decoders, pyav_threads
+from ..sources.video import nvdec_decoders
 from . import _cv2_decode
 from ._camera_clips import camera_size, write_camera_clip
 from ._predict_phases import PREDICT_PHASES, READER_PHASES, predict_phases
@@ -144,11 +144,9 @@ def converted_reasons(path: str, device: str) -> dict[str, str | None]:
 
 def add_converted_ceilings(figures: dict, reasons: dict[str, str | None], paths: list[str], repeats: int) -> None:
     """Add the decode-only ceilings of PyAV's planes and of NVDEC on ``paths`` at once (one thread each) to
-    ``figures``, each where ``reasons`` lets it run, with the FFmpeg threads and NVDEC decoders the loader gives each
-    of that many videos decoding side by side."""
+    ``figures``, each where ``reasons`` lets it run; NVDEC with the decoders the loader gives that many videos."""
     if reasons["pyav"] is None:
-        decode_planes = functools.partial(planes_frames, threads=pyav_threads(len(paths)))
-        figures["pyav_decode_fps"] = median_rate(lambda: concurrent_rate(decode_planes, paths), repeats)
+        figures["pyav_decode_fps"] = median_rate(lambda: concurrent_rate(planes_frames, paths), repeats)
     if reasons["nvdec"] is None:
         decode = functools.partial(nvdec_frames, decoders=nvdec_decoders(len(paths)))
         figures["nvdec_decode_fps"] = median_rate(lambda: concurrent_rate(decode, paths), repeats)

@@ -94,8 +94,6 @@ class PlanesVideo:
         path (str): The video file.
         device (torch.device | str): Where the frames are converted: "cpu" or a CUDA device.
         tags (StreamTags | None): The stream's tags from :func:`.converted_video.probe_stream`, when already probed.
-        threads (int | None): FFmpeg's decoding threads; None leaves FFmpeg's choice (about one per core), right for
-            one video alone, not for several decoding at once (:func:`.video.pyav_threads`).
 
     Attributes:
         tags (StreamTags): The stream's codec, size and colour tags (its first frame's).
@@ -115,8 +113,7 @@ class PlanesVideo:
         [(720, 1280, 3), (720, 1280, 3)]
     """
 
-    def __init__(self, path: str, device: torch.device | str, tags: StreamTags | None = None,
-                 threads: int | None = None):
+    def __init__(self, path: str, device: torch.device | str, tags: StreamTags | None = None):
         self.tags = tags or probe_stream(path)
         reason = "PyAV decodes no frame of it" if self.tags is None else stream_reason(self.tags)
         if reason is not None:
@@ -126,7 +123,7 @@ class PlanesVideo:
             raise ValueError(f"PlanesVideo: {path}: device must be the CPU or a CUDA device, not {device}")
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
-        self.device, self._path, self._threads = device, path, threads
+        self.device, self._path = device, path
         self._conversion = self.tags.conversion()
         self._expected = (self.tags.pixel_format, self.tags.width, self.tags.height, self.tags.colorspace,
                           self.tags.color_range, self.tags.color_primaries, self.tags.color_trc)
@@ -191,8 +188,6 @@ class PlanesVideo:
 
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
-        if self._threads is not None:
-            stream.thread_count = self._threads
         index = 0
         try:
             for frame in container.decode(stream):

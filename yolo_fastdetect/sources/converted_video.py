@@ -39,22 +39,17 @@ FETCH_FRAMES = 8
 class GpuVideo:
     """A loader's choice for its videos, made once as the loader is made (:func:`..sources.file_loader`, from
     ``YOLO_FASTDETECT_PYAV_VIDEO`` and ``YOLO_FASTDETECT_GPU_VIDEO``): their frames converted on ``device`` where
-    that gives cv2's, decoded by NVDEC (``nvdec``) or else by PyAV to planes; and what each video's decoder gets where
-    several decode at once (:func:`.video.decoding_at_once`).
+    that gives cv2's, decoded by NVDEC (``nvdec``) or else by PyAV to planes.
 
     Attributes:
         device (torch.device): The CUDA device that converts the frames.
         nvdec (bool): NVDEC decodes (:mod:`.nvdec`); False: PyAV's planes (:mod:`.av_planes`).
         log_skips (bool): The user asked for this decoder: a video cv2 reads instead is logged, with the reason.
-        nvdec_decoders (int): NVDEC decoders on each video.
-        pyav_threads (int | None): FFmpeg's threads of each PyAV decoder; None: FFmpeg's choice.
     """
 
     device: torch.device
     nvdec: bool
     log_skips: bool
-    nvdec_decoders: int = 1
-    pyav_threads: int | None = None
 
 
 @dataclass(frozen=True)

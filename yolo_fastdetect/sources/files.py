@@ -29,7 +29,7 @@ from .converted_video import GpuVideo
 from .gpu_jpeg import EncodedJpeg, decode_on_gpu, read_for_gpu
 from .prefetch import OrderedPrefetch, read_ahead_window
 from .upload import Upload, Uploads, loader_uploads
-from .video import VIDEO_END, VideoReader, VideosInOrder, VideoStart, decoding_at_once, videos_open_at_once
+from .video import VIDEO_END, VideoReader, VideosInOrder, VideoStart, nvdec_decoders, videos_open_at_once
 
 # Ultralytics decodes these suffixes (HEIC, AVIF, ...) through lazily registered PIL plugins, which it keeps serial
 # because their registration is not thread-safe; one lock keeps them serial here too.
@@ -100,8 +100,7 @@ class FileLoader(LoadImagesAndVideos):
         converted_on = gpu_video.device if gpu_video is not None and videos else None  # (none for images only)
         self.uploads = loader_uploads(upload_to or gpu_jpeg or converted_on, batch, threads, read_ahead,
                                       self.open_videos)
-        self._upload_ahead, self._gpu_jpeg = upload_to is not None, gpu_jpeg is not None
-        self._gpu_video = decoding_at_once(gpu_video, self.open_videos, side_by_side=False)
+        self._upload_ahead, self._gpu_jpeg, self._gpu_video = upload_to is not None, gpu_jpeg is not None, gpu_video
         self._images: OrderedPrefetch | None = None
         self._videos: VideoReader | VideosInOrder | None = None
         self._in_video = False
@@ -118,7 +117,7 @@ class FileLoader(LoadImagesAndVideos):
             gray = self.cv2_flag == cv2.IMREAD_GRAYSCALE
             uploading = {"upload_ahead": self.uploads if self._upload_ahead else None,
                          "gpu_frames": self.uploads if self._gpu_video is not None else None,
-                         "gpu_video": self._gpu_video}
+                         "gpu_video": self._gpu_video, "decoders": nvdec_decoders(self.open_videos)}
             if self.open_videos > 1:
                 self._videos = VideosInOrder(self.files[self.ni :], self.vid_stride, gray, self.bs, self.open_videos,
                                              **uploading)

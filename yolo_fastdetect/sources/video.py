@@ -18,9 +18,7 @@ why, where the user asked for that decoder); where it fails mid-video cv2 reads 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import functools
-import os
 import queue
 import threading
 import weakref
@@ -62,12 +60,12 @@ class VideoFrame:
 VIDEO_END = "end"  # a grab failed: the video ended before its reported frame count (or could not be read on)
 
 
-def _read_converted(path: str, vid_stride: int, count: int, gpu_frames: Uploads, gpu_video: GpuVideo,
+def _read_converted(path: str, vid_stride: int, count: int, gpu_frames: Uploads, gpu_video: GpuVideo, decoders: int,
                     frames: queue.Queue, stop: threading.Event) -> bool | int:
-    """Read ``path`` by stock's rules from the decoder of ``gpu_video`` (NVDEC or PyAV's planes), whose frames the
-    GPU converts to cv2's BGR bytes, where that gives cv2's frames. True or False as :func:`_read_one` returns;
-    otherwise the number of frames read (0 where the decoder does not apply), from which cv2 reads on. Why a decoder
-    does not apply is logged where the user asked for it."""
+    """Read ``path`` by stock's rules from the decoder of ``gpu_video`` (NVDEC with ``decoders`` at once, or PyAV's
+    planes), whose frames the GPU converts to cv2's BGR bytes, where that gives cv2's frames. True or False as
+    :func:`_read_one` returns; otherwise the number of frames read (0 where the decoder does not apply), from which
+    cv2 reads on. Why a decoder does not apply is logged where the user asked for it."""
     decoder = "NVDEC" if gpu_video.nvdec else "PyAV"
     tags = nvdec_tags_or_reason(path) if gpu_video.nvdec else planes_tags_or_reason(path)
     if isinstance(tags, str):
@@ -77,8 +75,8 @@ def _read_converted(path: str, vid_stride: int, count: int, gpu_frames: Uploads,
         return 0
     frame = decoded = 0
     try:
-        video = (NvdecVideo(path, gpu_video.device, tags=tags, decoders=gpu_video.nvdec_decoders) if gpu_video.nvdec
-                 else PlanesVideo(path, gpu_video.device, tags=tags, threads=gpu_video.pyav_threads))
+        video = (NvdecVideo(path, gpu_video.device, tags=tags, decoders=decoders) if gpu_video.nvdec
+                 else PlanesVideo(path, gpu_video.device, tags=tags))
         with video:
             for converted in video:
                 decoded += 1
@@ -100,7 +98,7 @@ def _read_converted(path: str, vid_stride: int, count: int, gpu_frames: Uploads,
 
 
 def _read_one(path: str, vid_stride: int, gray: bool, upload_ahead: Uploads | None, gpu_frames: Uploads | None,
-              gpu_video: GpuVideo | None, frames: queue.Queue, stop: threading.Event) -> bool:
+              gpu_video: GpuVideo | None, decoders: int, frames: queue.Queue, stop: threading.Event) -> bool:
     """Read one video into ``frames``; False when reading should stop (consumer gone, or the video did not open).
     With ``upload_ahead`` each BGR frame after the first is retrieved into pinned memory of the previous frame's size
     (cv2 gives every frame the first one's), so that its copy to the GPU starts from there."""
@@ -115,7 +113,7 @@ def _read_one(path: str, vid_stride: int, gray: bool, upload_ahead: Uploads | No
             return False
         frame = 0
         if gpu_video is not None and gpu_frames is not None and not gray:
-            outcome = _read_converted(path, vid_stride, count, gpu_frames, gpu_video, frames, stop)
+            outcome = _read_converted(path, vid_stride, count, gpu_frames, gpu_video, decoders, frames, stop)
             if isinstance(outcome, bool):  # (bool before int: a bool is an int)
                 return outcome
             frame = outcome
@@ -148,11 +146,11 @@ def _read_one(path: str, vid_stride: int, gray: bool, upload_ahead: Uploads | No
 
 
 def _read_all(paths: Sequence[str], vid_stride: int, gray: bool, upload_ahead: Uploads | None,
-              gpu_frames: Uploads | None, gpu_video: GpuVideo | None, frames: queue.Queue,
+              gpu_frames: Uploads | None, gpu_video: GpuVideo | None, decoders: int, frames: queue.Queue,
               stop: threading.Event) -> None:
     try:
         for path in paths:
-            if not _read_one(path, vid_stride, gray, upload_ahead, gpu_frames, gpu_video, frames, stop):
+            if not _read_one(path, vid_stride, gray, upload_ahead, gpu_frames, gpu_video, decoders, frames, stop):
                 return
     except BaseException as error:  # noqa: BLE001 - handed to the consumer, which raises it
         put_unless_stopped(frames, stop, error)
@@ -173,18 +171,18 @@ class VideoReader:
     ``upload_ahead``, when given, uploads each frame cv2 decodes from the reader's thread (:mod:`.upload`),
     retrieved into pinned memory, and the frame carries its upload. With ``gpu_video`` (and ``gpu_frames``, which
     holds their GPU copies) the frames are converted on its device where that gives cv2's frames, decoded by PyAV
-    (:class:`.av_planes.PlanesVideo`) or by NVDEC (:class:`.nvdec.NvdecVideo`), as ``gpu_video`` says (see the
-    module docstring).
+    (:class:`.av_planes.PlanesVideo`) or by NVDEC with ``decoders`` decoders on each video at once
+    (:class:`.nvdec.NvdecVideo`), as ``gpu_video`` says (see the module docstring).
     """
 
     def __init__(self, paths: Sequence[str], vid_stride: int, gray: bool, capacity: int,
                  upload_ahead: Uploads | None = None, gpu_frames: Uploads | None = None,
-                 gpu_video: GpuVideo | None = None):
+                 gpu_video: GpuVideo | None = None, decoders: int = 1):
         self._frames: queue.Queue = queue.Queue(maxsize=max(1, capacity))
         stop = threading.Event()
         self._thread = threading.Thread(
             target=_read_all, daemon=True, name="yolo_fastdetect_video",
-            args=(list(paths), vid_stride, gray, upload_ahead, gpu_frames, gpu_video, self._frames, stop),
+            args=(list(paths), vid_stride, gray, upload_ahead, gpu_frames, gpu_video, decoders, self._frames, stop),
         )
         self._thread.start()
         self._finalizer = weakref.finalize(self, _stop, self._thread, stop, self._frames)
@@ -231,32 +229,6 @@ def nvdec_decoders(open_videos: int) -> int:
     return max(1, config.get("YOLO_FASTDETECT_NVDEC_DECODERS") // max(1, open_videos))
 
 
-def pyav_threads(open_videos: int) -> int | None:
-    """FFmpeg's threads of each PyAV decoder where ``open_videos`` videos decode side by side: the cores shared among
-    them, at least one; None for one video (FFmpeg's choice: about one per core). Measured on the 2-core development
-    machine, eight 1080p streams decoded at once, planes only: 192 frames/s with FFmpeg's choice (3 threads each),
-    217 with 1, 204 with 2.
-
-    Examples:
-        >>> pyav_threads(1) is None and pyav_threads(1024) == 1
-        True
-    """
-    if open_videos <= 1:
-        return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // open_videos)
-
-
-def decoding_at_once(gpu_video: GpuVideo | None, open_videos: int, side_by_side: bool) -> GpuVideo | None:
-    """``gpu_video`` for a loader with ``open_videos`` videos open at once: NVDEC's decoders shared among them, and
-    PyAV's threads where they decode ``side_by_side`` (a list's round-robin); videos handed out one after another (a
-    folder, a tracker's list) decode mostly one at a time, and each keeps FFmpeg's choice."""
-    if gpu_video is None:
-        return None
-    return dataclasses.replace(gpu_video, nvdec_decoders=nvdec_decoders(open_videos),
-                               pyav_threads=pyav_threads(open_videos if side_by_side else 1))
-
-
 class VideosInOrder:
     """What ``VideoReader(paths, ...)`` gives, item for item and in the same order, from up to ``open_videos``
     consecutive videos decoding at once, one :class:`VideoReader` each: while one video is handed out, the next ones
@@ -270,11 +242,12 @@ class VideosInOrder:
 
     def __init__(self, paths: Sequence[str], vid_stride: int, gray: bool, capacity: int, open_videos: int,
                  upload_ahead: Uploads | None = None, gpu_frames: Uploads | None = None,
-                 gpu_video: GpuVideo | None = None):
+                 gpu_video: GpuVideo | None = None, decoders: int = 1):
         self._waiting = collections.deque(paths)
         self._open: collections.deque[VideoReader] = collections.deque()
         self._reader = functools.partial(VideoReader, vid_stride=vid_stride, gray=gray, capacity=capacity,
-                                         upload_ahead=upload_ahead, gpu_frames=gpu_frames, gpu_video=gpu_video)
+                                         upload_ahead=upload_ahead, gpu_frames=gpu_frames, gpu_video=gpu_video,
+                                         decoders=decoders)
         self._open_videos = max(1, open_videos)
         self._open_more()
 

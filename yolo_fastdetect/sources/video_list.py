@@ -49,7 +49,7 @@ from ultralytics.data.utils import IMG_FORMATS, VID_FORMATS
 from .batch import ImageBatch
 from .converted_video import GpuVideo
 from .upload import Uploads
-from .video import VIDEO_END, VideoReader, VideoStart, decoding_at_once
+from .video import VIDEO_END, VideoReader, VideoStart, nvdec_decoders
 
 
 def _suffix(path: str | Path) -> str:
@@ -143,8 +143,7 @@ class VideoListLoader(LoadImagesAndVideos):
         device = upload_to or (gpu_video.device if gpu_video is not None else None)
         in_flight = frames_in_flight(min(self.open_videos, self.nf), batch)
         self.uploads = Uploads(device, in_flight) if device is not None else None
-        self._upload_ahead = upload_to is not None
-        self._gpu_video = decoding_at_once(gpu_video, min(self.open_videos, self.nf), side_by_side=interleave)
+        self._upload_ahead, self._gpu_video = upload_to is not None, gpu_video
         self._slots: list[_OpenVideo | None] = []  # the open videos, in their order of the round
         self._turn = 0  # the slot whose batch comes next
         self._next_index = 0  # the next video of the list to open
@@ -163,7 +162,7 @@ class VideoListLoader(LoadImagesAndVideos):
         reader = VideoReader([self.files[self._next_index]], self.vid_stride, self.cv2_flag == cv2.IMREAD_GRAYSCALE,
                              self.bs, upload_ahead=self.uploads if self._upload_ahead else None,
                              gpu_frames=self.uploads if self._gpu_video is not None else None,
-                             gpu_video=self._gpu_video)
+                             gpu_video=self._gpu_video, decoders=nvdec_decoders(min(self.open_videos, self.nf)))
         self._next_index += 1
         return _OpenVideo(self._next_index - 1, reader)
 
