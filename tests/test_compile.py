@@ -71,6 +71,7 @@ def test_patched_head_traces_without_graph_break(config, monkeypatch):
     assert "yolo_fastdetect.detect_decode" in str(explanation.graphs[0].code), "the fused decode is not in the graph"
 
 
+@pytest.mark.slow  # compiles stock's head, graph breaks and all: about 20 s on 2 cores
 def test_stock_head_breaks_the_graph():
     """The baseline the test above improves on: stock breaks the graph on a shape's first call."""
     yolo_fastdetect.disable()
@@ -94,6 +95,7 @@ def count_compiles(network: AutoBackend, shapes: list[tuple[int, int]]) -> int:
 SHAPES = [(128, 160), (128, 160), (160, 128), (160, 128)]  # two calls at each of two input sizes
 
 
+@pytest.mark.slow  # four compiled calls at two sizes: about 12 s on 2 cores
 def test_compiles_once_per_input_shape():
     """One compile per input size (the second with dynamic sizes, which Ultralytics' torch.compile call leaves to
     torch): under compile the anchors are rebuilt inside the graph, so nothing the graph reads changes on a size's

@@ -40,6 +40,9 @@ from yolo_fastdetect.ray import (  # noqa: E402
 )
 
 IMGSZ = 160  # small inputs keep 2 CPU cores fast enough; nothing here depends on the size
+# The tests on a local cluster are among the heaviest (10-30 s each on 2 cores, Ray's start-up once per module): the
+# slow set, which CI runs beside the others.
+CLUSTER = pytest.mark.slow
 SIZES = ((320, 240), (256, 192), (240, 320))
 BROKEN = ("y_corrupt.jpg", "z_empty.jpg")
 
@@ -171,6 +174,7 @@ def test_decode_batch_is_decode_rows(folder, channels, lower_priority):
     np.testing.assert_array_equal(one_size[1], reference[3])
 
 
+@CLUSTER
 def test_predict_dataset_matches_predict_and_resumes(cluster, model, folder, expected, tmp_path):
     """A list of 12 paths decoded in the actor, then every file as a Dataset of bytes decoded in Ray tasks, then the
     folder, into one output: each run predicts only what is not there yet (resume; a file cut short by a crash is
@@ -226,6 +230,7 @@ def _actor_titles(session_dir: str) -> dict[int, bytes]:
     return titles
 
 
+@CLUSTER
 @pytest.mark.parametrize("decode", ["actor", "tasks"])
 def test_killed_actor_loses_and_duplicates_nothing(cluster, model, folder, expected, tmp_path, decode):
     """SIGKILL the actor while it predicts its first batch (Ray titles its process ``...Predictor)).submit`` then):
@@ -267,6 +272,7 @@ def test_killed_actor_loses_and_duplicates_nothing(cluster, model, folder, expec
     assert_rows_match(output_rows(tmp_path), expected, folder)
 
 
+@CLUSTER
 def test_grayscale_model_decodes_gray(cluster, folder, tmp_path):
     """A model of one input channel (the seeded model, its first convolution summed over RGB): ``predict_dataset``
     reads its channels on the driver and the decode tasks decode gray, as ``model.predict`` does for it; a missing
@@ -293,6 +299,7 @@ def test_grayscale_model_decodes_gray(cluster, folder, tmp_path):
     assert_detections(rows, expected)
 
 
+@CLUSTER
 def test_predict_many_command(cluster, model, folder, tmp_path):
     """The console command, connected to this cluster through RAY_ADDRESS, with a saved model and JSON lines out,
     decoding in the actor (``decode=actor``); its rows match ``model.predict`` of the same saved model."""
@@ -333,6 +340,7 @@ def test_decode_mode_leaves_the_tasks_a_cpu():
         decode_mode("tasks", None, cluster_cpus=2, actors=2)
 
 
+@CLUSTER
 def test_decode_in_tasks_without_a_spare_cpu_is_refused(cluster, model, folder, tmp_path):
     """On the tests' 2-CPU cluster, two CPU actors leave no CPU for decode tasks: refused before any work."""
     with pytest.raises(ValueError, match="decode='tasks' needs a CPU beyond the actors'"):

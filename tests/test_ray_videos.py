@@ -12,7 +12,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]' (the [ray] extra)")
 import pyarrow.parquet as pq  # noqa: E402 - Ray's dependency, only there with it
 
-from test_ray import IMGSZ, canonical, cluster, model  # noqa: E402, F401 - fixtures shared with test_ray
+from test_ray import CLUSTER, IMGSZ, canonical, cluster, model  # noqa: E402, F401 - fixtures shared with test_ray
 from video_corpus import panning_frames, write_opencv  # noqa: E402
 from yolo_fastdetect.ray import predict_dataset  # noqa: E402
 
@@ -36,6 +36,7 @@ def stock_frames(model, video: Path) -> list[tuple]:
             for r in model.predict(str(video), stream=True, batch=4, imgsz=IMGSZ, verbose=False)]
 
 
+@CLUSTER
 def test_videos_give_a_row_per_frame_and_resume_per_video(cluster, model, folder, tmp_path):
     a, b, broken, image = (str(folder / name) for name in ("a.mp4", "b.mp4", "c_not_video.mp4", "d.jpg"))
     first = predict_dataset(model, [a], tmp_path, batch_size=4, imgsz=IMGSZ)
