@@ -36,6 +36,7 @@ def add(records: list[dict], folder: Path, commit: str) -> dict[str, int]:
         >>> json.loads((folder / "val.json").read_text())[0]["commit"]
         'abc1234'
     """
+    files: dict[Path, list[dict]] = {}  # each file read once, written once
     added: dict[str, int] = {}
     for record in records:
         if not isinstance(record, dict) or not isinstance(record.get("benchmark"), str):
@@ -43,11 +44,15 @@ def add(records: list[dict], folder: Path, commit: str) -> dict[str, int]:
         if record.get("commit") in (None, "", "unknown"):
             record = {**record, "commit": commit}
         path = folder / f"{record['benchmark']}.json"
-        existing = json.loads(path.read_text()) if path.exists() else []
-        if record in existing:
+        if path not in files:
+            files[path] = json.loads(path.read_text()) if path.exists() else []
+        if record in files[path]:
             continue
-        path.write_text(json.dumps([*existing, record], indent=1) + "\n")
+        files[path].append(record)
         added[path.name] = added.get(path.name, 0) + 1
+    for path, content in files.items():
+        if path.name in added:
+            path.write_text(json.dumps(content, indent=1) + "\n")
     return added
 
 
