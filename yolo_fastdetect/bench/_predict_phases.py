@@ -116,7 +116,6 @@ def reader_times() -> Iterator[dict[str, float]]:
     ``queue waits``.
 
     Examples:
-        >>> from yolo_fastdetect.sources import video
         >>> with reader_times() as times:
         ...     pass
         >>> sorted(times) == sorted(READER_PHASES)

@@ -162,8 +162,8 @@ def predicted_sides(model, source, paths: list[str], batch: int, options: dict, 
                     reasons: dict[str, str | None], phases: bool = False) -> dict:
     """Stock (each video alone where ``source`` is a list), ours reading with cv2 and, where ``reasons`` has None
     for them, ours with PyAV's planes and with NVDEC: each side's median frames per second and whether its
-    detections are stock's; with ``phases``, one more pass of each of ours split at :data:`._predict_phases.
-    PREDICT_PHASES` (µs a frame)."""
+    detections are stock's; with ``phases``, one more pass of each of ours, split at
+    :data:`._predict_phases.PREDICT_PHASES` and :data:`._predict_phases.READER_PHASES` (µs a frame)."""
     import yolo_fastdetect
     from yolo_fastdetect.sources import GPU_VIDEO_VARIABLE, PYAV_VIDEO_VARIABLE
 
