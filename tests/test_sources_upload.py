@@ -132,6 +132,7 @@ def test_list_of_one_path_letterboxes_from_the_uploads(model, corpus, taken, nam
 @pytest.mark.parametrize("setting", ["batch 2", "turned off"])
 def test_no_upload_ahead_above_batch_1_or_when_turned_off(model, corpus, taken, monkeypatch, setting):
     batch = 2 if setting == "batch 2" else 1
+    monkeypatch.setenv("YOLO_FASTDETECT_PYAV_VIDEO", "0")  # the folder's videos through cv2: no GPU frames either
     if setting == "turned off":
         monkeypatch.setenv("YOLO_FASTDETECT_UPLOAD_AHEAD", "0")
     assert file_loader(str(corpus), batch=batch, device=torch.device("cuda", 0)).uploads is None
