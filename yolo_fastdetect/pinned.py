@@ -7,19 +7,32 @@ The memory is a tensor of PyTorch's caching host allocator, which the array keep
 the GPU made from that tensor records its stream with the allocator, which reuses a freed block only once the copies
 that read it have completed; :func:`pinned_tensor_of` gives the tensor back for that copy. The allocator keeps the
 blocks it made for the life of the process, so frames a caller holds (``stream=False`` on a long video) are pinned
-only up to :data:`PINNED_BUDGET_BYTES` in use; past it they go to pageable memory, as stock's are.
+only up to :data:`PINNED_BUDGET_BYTES` held; past it they go to pageable memory, as stock's are.
+
+The frames held are counted here, each buffer from its allocation to its garbage collection. The allocator's own
+count of memory in use (``host_memory_stats``' active bytes) is not that: it keeps a freed block counted until it
+has processed the events of the copies that used it, and it processes them oldest first, stopping at the first not
+yet complete. While a GPU predictor and its video readers keep copies in flight, freed blocks stayed counted: after
+a few passes of eight 1080p streams it read 2.7 GB with no frame held, every host copy went to pageable memory, and
+the PyAV planes' conversion took 33 ms a frame instead of about 1 (docs/sources_design.md).
 """
 
 from __future__ import annotations
 
 import math
+import threading
+import weakref
 
 import numpy as np
 import torch
 
-# Pinned memory in use in the process (torch.cuda.host_memory_stats' active bytes) above which no more frames are
-# pinned: about 250 1080p frames (8 MB blocks), four times what the video readers hold decoded ahead at most.
+# Bytes of pinned frames held (host copies and frame arrays made here, not yet garbage-collected) above which no more
+# frames are pinned: about 250 1080p frames (8 MB blocks), four times what the video readers hold decoded ahead at
+# most.
 PINNED_BUDGET_BYTES = 2 << 30
+
+_held_bytes = 0  # the pinned frames' bytes held now
+_held_lock = threading.Lock()
 
 
 def pinned_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -28,46 +41,67 @@ def pinned_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, pin_memory=True)
 
 
+def pinned_bytes_held() -> int:
+    """Bytes of the pinned frames that :func:`host_copy_buffer` and :func:`pinned_array` made and that are still
+    referenced."""
+    return _held_bytes
+
+
 def within_pinned_budget(nbytes: int) -> bool:
-    """Whether ``nbytes`` more pinned memory keep the process's pinned memory in use (PyTorch's caching host
-    allocator's active bytes) within :data:`PINNED_BUDGET_BYTES`; False where that cannot be read (no CUDA)."""
+    """Whether ``nbytes`` more pinned frames keep :func:`pinned_bytes_held` within :data:`PINNED_BUDGET_BYTES`; False
+    without CUDA (no pinned memory to be had)."""
+    return torch.cuda.is_available() and _held_bytes + nbytes <= PINNED_BUDGET_BYTES
+
+
+def _release(nbytes: int) -> None:
+    global _held_bytes
+    with _held_lock:
+        _held_bytes -= nbytes
+
+
+def _pinned_frame(shape: tuple[int, ...]) -> np.ndarray | None:
+    """An uninitialised pinned uint8 array counted in :func:`pinned_bytes_held` until it and every array or tensor
+    made from it are garbage-collected, or None where it would exceed :data:`PINNED_BUDGET_BYTES` or no pinned memory
+    can be had."""
+    global _held_bytes
+    nbytes = math.prod(shape)
+    with _held_lock:
+        if not within_pinned_budget(nbytes):
+            return None
+        _held_bytes += nbytes
     try:
-        return torch.cuda.host_memory_stats().get("active_bytes.current", 0) + nbytes <= PINNED_BUDGET_BYTES
-    except RuntimeError:
-        return False
+        array = pinned_empty(shape, torch.uint8).numpy()
+    except RuntimeError:  # no pinned memory to be had
+        _release(nbytes)
+        return None
+    # The tensor the array holds (array.base), which numpy's views of it hold in turn: it is collected last.
+    weakref.finalize(array.base, _release, nbytes)
+    return array
 
 
-def host_copy_buffer(shape: tuple[int, ...], dtype: torch.dtype = torch.uint8) -> torch.Tensor:
-    """An uninitialised host tensor for a copy from the GPU: pinned (the copy runs asynchronously) while
+def host_copy_buffer(shape: tuple[int, ...]) -> torch.Tensor:
+    """An uninitialised uint8 host tensor for a copy from the GPU: pinned (the copy runs asynchronously) while
     :func:`within_pinned_budget`, pageable past it or where no pinned memory can be had.
 
     Examples:
         >>> host = host_copy_buffer((8, 720, 1280, 3))  # doctest: +SKIP
         >>> host.copy_(frames_on_the_gpu, non_blocking=True)  # doctest: +SKIP
     """
-    if within_pinned_budget(math.prod(shape) * dtype.itemsize):
-        try:
-            return pinned_empty(shape, dtype)
-        except RuntimeError:  # no pinned memory to be had
-            pass
-    return torch.empty(shape, dtype=dtype)
+    pinned = _pinned_frame(shape)
+    # (from the array, so that the tensor and the arrays made of it hold what the count waits for)
+    return torch.from_numpy(pinned) if pinned is not None else torch.empty(shape, dtype=torch.uint8)
 
 
 def pinned_array(shape: tuple[int, ...]) -> np.ndarray | None:
     """An uninitialised uint8 array of ``shape`` in pinned host memory, or None where none can be had or the pinned
-    memory in use would exceed :data:`PINNED_BUDGET_BYTES`.
+    frames held would exceed :data:`PINNED_BUDGET_BYTES`.
 
     Examples:
         >>> frame = pinned_array((720, 1280, 3))  # doctest: +SKIP
         >>> pinned_tensor_of(frame).is_pinned()  # doctest: +SKIP
         True
     """
-    if not within_pinned_budget(math.prod(shape)):
-        return None
-    try:
-        return pinned_empty(shape, torch.uint8).numpy()
-    except RuntimeError:  # no pinned memory to be had: pageable it is
-        return None
+    return _pinned_frame(shape)
 
 
 def pinned_tensor_of(array: np.ndarray) -> torch.Tensor | None:
