@@ -8,6 +8,9 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -253,3 +256,29 @@ def test_arch_list_adds_the_gpus_present_once(monkeypatch):
     assert _ext.cuda_arch_list() == "8.0;8.6;9.0"
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST")
     assert _ext.cuda_arch_list() == "8.6;9.0"
+
+
+def test_first_use_from_many_threads_loads_once(monkeypatch, tmp_path):
+    """The operators' first use may come from several threads at once (a list of videos' readers): the library loads
+    and its fake kernels register once, and every thread sees them loaded. The load is slowed so that without the
+    lock all eight threads would load."""
+    loads, hooks = [], []
+
+    def slow_load(path):
+        time.sleep(0.2)
+        loads.append(path)
+
+    monkeypatch.setitem(_ext._state, "loaded", None)
+    monkeypatch.setattr(_ext, "library_path", lambda: tmp_path / "ops.so")
+    monkeypatch.setattr(_ext, "is_complete", lambda library: True)
+    monkeypatch.setattr(_ext.torch.ops, "load_library", slow_load)
+    monkeypatch.setattr(_ext, "_load_hooks", [lambda: hooks.append(1)])
+    start = threading.Barrier(8)
+
+    def first_use():
+        start.wait()
+        return _ext.available()
+
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(lambda _: first_use(), range(8))) == [True] * 8
+    assert len(loads) == 1 and len(hooks) == 1

@@ -32,6 +32,9 @@ MARKER_NAME = "complete"  # written after a successful link: the library's finge
 _FINGERPRINT_BYTES = 1 << 18
 
 _state: dict = {"loaded": None, "error": None, "log": None}
+# Held while the operators build or load: the first calls may come from several threads at once (a list of videos'
+# readers converting their first frames), and a second load registers the fake kernels twice, which raises.
+_loading = threading.RLock()
 _load_hooks: list = []
 
 
@@ -277,13 +280,16 @@ def build(verbose: bool = False) -> Path:
     """Load the operators, compiling them first unless a completed build is cached; return the shared library's
     path. Raises on failure."""
     library = library_path()
-    if is_complete(library):
-        torch.ops.load_library(str(library))
-    else:
-        _compile(library, _builds_cuda(), verbose)
-    _state.update(loaded=True, error=None)
-    for hook in _load_hooks:
-        hook()
+    with _loading:
+        if _state["loaded"]:
+            return library
+        if is_complete(library):
+            torch.ops.load_library(str(library))
+        else:
+            _compile(library, _builds_cuda(), verbose)
+        _state.update(loaded=True, error=None)
+        for hook in _load_hooks:
+            hook()
     return library
 
 
@@ -314,17 +320,19 @@ def _first_line(error: BaseException, limit: int = 200) -> str:
 def available() -> bool:
     """Whether the operators are loaded; builds them on first call, warns once and returns False on failure."""
     if _state["loaded"] is None:
-        try:
-            build()
-        except Exception as error:  # noqa: BLE001 - any build/load failure must leave Ultralytics running stock
-            log = _write_error_log(error)
-            _state.update(loaded=False, error=error, log=log)
-            warnings.warn(
-                f"yolo_fastdetect: could not build or load the operators ({_first_line(error)}); "
-                f"running stock Ultralytics. Compiler output: {log or 'not written (no writable folder)'}",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        with _loading:
+            if _state["loaded"] is None:  # (not settled by another thread meanwhile)
+                try:
+                    build()
+                except Exception as error:  # noqa: BLE001 - any build/load failure must leave Ultralytics running stock
+                    log = _write_error_log(error)
+                    _state.update(loaded=False, error=error, log=log)
+                    warnings.warn(
+                        f"yolo_fastdetect: could not build or load the operators ({_first_line(error)}); "
+                        f"running stock Ultralytics. Compiler output: {log or 'not written (no writable folder)'}",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
     return bool(_state["loaded"])
 
 
