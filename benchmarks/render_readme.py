@@ -60,7 +60,7 @@ def steady_share(records: list[dict]) -> str:
 MS = figures("stock_ms", "ms"), figures("ours_ms", "ms")
 MS_PER_IMAGE = figures("stock_ms_per_image", "ms"), figures("ours_ms_per_image", "ms")
 IMAGES_PER_S = figures("stock_img_s", "img/s"), figures("ours_img_s", "img/s")
-FRAMES_PER_S = figures("stock_fps", "FPS"), figures("ours_cpu_fps", "FPS")
+FRAMES_PER_S = figures("stock_fps", "FPS"), figures("ours_pyav_fps", "FPS")
 
 ROWS = [
     Row(
