@@ -1,9 +1,10 @@
 """Add the records a benchmark wrote elsewhere (a GPU machine's run: `.ci/gpu` writes `OUT/NAME.json`) to
 benchmarks/records/, each to its benchmark's file, in order.
 
-A tree copied to a GPU machine without its `.git` records the commit as "unknown"; `--commit` (default: this
-checkout's `HEAD`) names the commit the run was made from. Records already in the file (the same benchmark, date,
-machine, configuration and figures) are not added twice.
+A tree copied to a GPU machine without its `.git` records the commit as "unknown", which this checkout's `HEAD`
+replaces; one copied with a `.git` older than its files (the device tool's copy keeps the session's first commit)
+records that one, so `--commit REV` names the commit the run was made from for every record added. Records already in
+the file (the same benchmark, date, machine, configuration and figures) are not added twice.
 
     python benchmarks/add_records.py path/to/video.json path/to/val.json      # then render_results.py
 """
@@ -24,9 +25,9 @@ def head_commit() -> str:
                           cwd=RECORDS.parent).stdout.strip()
 
 
-def add(records: list[dict], folder: Path, commit: str) -> dict[str, int]:
-    """Append ``records`` to ``folder``'s ``BENCHMARK.json`` files (made where absent), "unknown" commits named
-    ``commit``, those already there left out; the count added per file.
+def add(records: list[dict], folder: Path, commit: str, every: bool = False) -> dict[str, int]:
+    """Append ``records`` to ``folder``'s ``BENCHMARK.json`` files (made where absent), "unknown" commits (with
+    ``every``, all of them) named ``commit``, those already there left out; the count added per file.
 
     Examples:
         >>> import tempfile
@@ -41,7 +42,7 @@ def add(records: list[dict], folder: Path, commit: str) -> dict[str, int]:
     for record in records:
         if not isinstance(record, dict) or not isinstance(record.get("benchmark"), str):
             raise ValueError(f"not a benchmark record: {str(record)[:80]}")
-        if record.get("commit") in (None, "", "unknown"):
+        if every or record.get("commit") in (None, "", "unknown"):
             record = {**record, "commit": commit}
         path = folder / f"{record['benchmark']}.json"
         if path not in files:
@@ -59,11 +60,12 @@ def add(records: list[dict], folder: Path, commit: str) -> dict[str, int]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="+", type=Path, help="JSON lists of records, as `bench NAME --json` writes")
-    parser.add_argument("--commit", help="the commit the run was made from (default: this checkout's HEAD)")
+    parser.add_argument("--commit", help="the commit the run was made from, for every record (default: this "
+                        "checkout's HEAD, for records whose commit is unknown)")
     args = parser.parse_args(argv)
     commit = args.commit or head_commit()
     for file in args.files:
-        added = add(json.loads(file.read_text()), RECORDS, commit)
+        added = add(json.loads(file.read_text()), RECORDS, commit, every=args.commit is not None)
         print(f"{file}: " + (", ".join(f"{count} to {name}" for name, count in added.items()) or "nothing new"))
 
 

@@ -35,6 +35,14 @@ def test_records_go_to_their_benchmarks_file_once(add_records, tmp_path):
         add_records.add([{"figures": {}}], tmp_path, "abc1234")
 
 
+def test_a_named_commit_replaces_every_records(add_records, tmp_path):
+    """``--commit REV`` names the commit of every record: a device's copy may report an older commit than its files'."""
+    made = [{"benchmark": "video", "commit": "5901872", "figures": {"ours_pyav_fps": 617.3}},
+            {"benchmark": "video", "commit": "unknown", "figures": {"ours_pyav_fps": 935.9}}]
+    assert add_records.add(made, tmp_path, "7cbc0bc", every=True) == {"video.json": 2}
+    assert [record["commit"] for record in json.loads((tmp_path / "video.json").read_text())] == ["7cbc0bc"] * 2
+
+
 def test_help_exits_0(add_records, capsys):
     with pytest.raises(SystemExit) as exit_info:
         add_records.main(["--help"])
