@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from yolo_fastdetect.bench import video
 
@@ -53,6 +54,7 @@ def test_cpu_smoke_run_and_records(tmp_path):
         assert waits == -1 and all(stage > 0 for stage in stages)  # (no _prefetch on the CPU: waits not told)
         converted, converting, queue_waits = figures["ours_cpu_readers_us"]
         assert converted == converting == 0 and queue_waits > 0  # cv2 reads: its readers only wait on their queues
+        assert ("ours_cpu_pinned_made_mb" in figures) == torch.cuda.is_available()  # only where pinned memory is
         assert "ours_nvdec_fps" not in figures and record["note"] == ("PyAV planes not run: no CUDA device; "
                                                                         "NVDEC not run: no CUDA device")
     assert one["figures"]["cv2_decode_fps"] > 0

@@ -30,7 +30,8 @@ once untimed first, then the median of ``--repeats`` passes is reported. Scenari
 Each side's detections are compared with stock's (per video, in frame order: same box counts). ``--phases`` adds a
 pass of each of ours split where the predictor's thread spends it (``bench/_predict_phases.py``: waiting for the
 next batch, Ultralytics' stages, the rest) and where its video readers' threads spend theirs (in the decoder, waiting
-for room in their queues), to tell whether the source or the predictor bounds it. ``--device cpu``
+for room in their queues), to tell whether the source or the predictor bounds it, and on a GPU the pinned memory
+PyTorch's host allocator made during that pass (``pinned_made_mb``). ``--device cpu``
 with tiny clips is a smoke run. ``--json PATH`` appends the rows as records (``benchmarks/records/video.json``).
 """
 
@@ -158,12 +159,20 @@ def skipped(reasons: dict[str, str | None]) -> str | None:
     return "; ".join(f"{names[side]} not run: {reason}" for side, reason in reasons.items() if reason) or None
 
 
+def pinned_blocks_made() -> int | None:
+    """Bytes of the pinned blocks PyTorch's caching host allocator has made so far in the process (each a
+    ``cudaHostAlloc``), or None without CUDA. Over a pass after an untimed one, near zero where the allocator reuses
+    its blocks: much more says it waits on events to free them (docs/video_design.md, Pinned memory)."""
+    return torch.cuda.host_memory_stats().get("allocated_bytes.allocated", 0) if torch.cuda.is_available() else None
+
+
 def predicted_sides(model, source, paths: list[str], batch: int, options: dict, repeats: int,
                     reasons: dict[str, str | None], phases: bool = False) -> dict:
     """Stock (each video alone where ``source`` is a list), ours reading with cv2 and, where ``reasons`` has None
     for them, ours with PyAV's planes and with NVDEC: each side's median frames per second and whether its
     detections are stock's; with ``phases``, one more pass of each of ours, split at
-    :data:`._predict_phases.PREDICT_PHASES` and :data:`._predict_phases.READER_PHASES` (µs a frame)."""
+    :data:`._predict_phases.PREDICT_PHASES` and :data:`._predict_phases.READER_PHASES` (µs a frame), with the
+    pinned memory it made (:func:`pinned_blocks_made`, MB) on a GPU."""
     import yolo_fastdetect
     from yolo_fastdetect.sources import GPU_VIDEO_VARIABLE, PYAV_VIDEO_VARIABLE
 
@@ -186,9 +195,12 @@ def predicted_sides(model, source, paths: list[str], batch: int, options: dict, 
         with mock.patch.dict(os.environ, environment):  # restored after, whatever it was
             figures[f"ours_{side}_fps"] = median_rate(ours_pass, repeats)
             if phases:
+                made = pinned_blocks_made()
                 split, readers = predict_phases(model, source, batch, options)
                 figures[f"ours_{side}_phases_us"] = [-1.0 if value is None else value for value in split.values()]
                 figures[f"ours_{side}_readers_us"] = list(readers.values())
+                if made is not None:
+                    figures[f"ours_{side}_pinned_made_mb"] = (pinned_blocks_made() - made) / 1e6
         difference = same_detections(by_video(records), by_video(stock_records))
         figures[f"same_detections_{side}"] = difference["same_paths"] and difference["same_counts"]
     return figures
@@ -339,8 +351,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
     parser.add_argument("--phases", action="store_true",
                         help="one more pass of each of ours, split at: " + ", ".join(PREDICT_PHASES)
-                        + " (µs a frame; batch waits -1 where not told); and its video readers' thread time: "
-                        + ", ".join(READER_PHASES))
+                        + " (µs a frame; batch waits -1 where not told); its video readers' thread time: "
+                        + ", ".join(READER_PHASES) + "; and on a GPU the pinned memory made in it (MB)")
     parser.add_argument("--keep", type=Path, help="write the clips here and keep them")
     parser.add_argument("--json", type=Path, help="append the rows as records to this file (benchmarks/records/)")
     args = parser.parse_args(argv)
