@@ -14,7 +14,7 @@ count of memory in use (``host_memory_stats``' active bytes) is not that: it kee
 has processed the events of the copies that used it, and it processes them oldest first, stopping at the first not
 yet complete. While a GPU predictor and its video readers keep copies in flight, freed blocks stayed counted: after
 a few passes of eight 1080p streams it read 2.7 GB with no frame held, every host copy went to pageable memory, and
-the PyAV planes' conversion took 33 ms a frame instead of about 1 (docs/video_design.md, Pinned memory).
+the PyAV planes' conversion took 33 ms a frame instead of 0.3 (docs/video_design.md, Pinned memory).
 """
 
 from __future__ import annotations
