@@ -1,7 +1,8 @@
 """Validation's per-image bookkeeping: the matching operator (``ops/match_predictions.py``) against stock's
 ``match_predictions`` and the numpy reference, the ``val_matching`` patch's probe, and ``val_metrics``' host copies
 (``patches/val_metrics.py``): on a GPU, stock's ``update_metrics`` on device tensors and the patched one on host copies
-collect the same statistics, array for array."""
+collect the same statistics, array for array; on the CPU, the batch-wide answers to stock's per-image helpers against
+those helpers."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import torch
 from ultralytics.engine.validator import BaseValidator
 from ultralytics.models.yolo.detect import DetectionValidator
 from ultralytics.models.yolo.segment import SegmentationValidator
+from ultralytics.utils import ops
+from ultralytics.utils.metrics import box_iou
 
 from yolo_fastdetect.ops import match_predictions
 from yolo_fastdetect.ops.match_predictions import match_predictions_reference
@@ -148,6 +151,109 @@ def test_host_predictions_round_trip(generator, dtype):
             assert copy[name].dtype == value.dtype and copy[name].shape == value.shape, name
             assert torch.equal(copy[name], value), name
     assert val_metrics.host_predictions([]) == [] and val_metrics.host_predictions([{}]) == [{}]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_host_predictions_of_one_padded_output(generator, dtype):
+    """Rows viewing one padded (B, max_det, 6) tensor, as the NMS operator returns them, travel as that tensor and
+    come back as the same views; rows viewing two tensors take the per-image copy."""
+    padded = torch.rand(5, 300, 6, generator=generator).to(dtype)
+    counts = torch.randint(0, 301, (5,), generator=generator).tolist() + [0]
+    rows = [image[:count] for image, count in zip(padded.unbind(0), counts)]
+    for preds in ([{"bboxes": x[:, :4], "conf": x[:, 4], "cls": x[:, 5], "extra": x[:, 6:]} for x in rows],
+                  [{"bboxes": x[:, :4], "conf": x[:, 4].clone(), "cls": x[:, 5]} for x in rows]):
+        assert (val_metrics.shared_storage(preds) is not None) == ("extra" in preds[0])
+        for copy, pred in zip(val_metrics.host_predictions(preds), preds):
+            for name, value in pred.items():
+                assert copy[name].dtype == value.dtype and copy[name].shape == value.shape, name
+                assert torch.equal(copy[name], value), name
+
+
+def test_label_counts_need_labels_grouped_in_order():
+    assert val_metrics.label_counts(torch.tensor([0.0, 0.0, 1.0, 3.0]), 4) == [2, 1, 0, 1]
+    assert val_metrics.label_counts(torch.zeros(0), 2) == [0, 0]
+    for batch_idx in ([1.0, 0.0], [0.0, 2.0], [-1.0, 0.0], [0.5, 1.0]):
+        assert val_metrics.label_counts(torch.tensor(batch_idx), 2) is None, batch_idx
+
+
+def host_validator() -> DetectionValidator:
+    """A validator on the CPU answering :func:`random_batch`'s images, as ``update_metrics`` on host copies sees it."""
+    validator = validator_with_metrics("cpu")
+    validator.iouv, validator.niou = THRESHOLDS, len(THRESHOLDS)
+    return validator
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_batch_answers_are_stocks_helpers(generator, dtype):
+    """Stock's ``_prepare_batch`` and ``_process_batch`` image by image against the batch-wide answers on the same
+    host batches (labels on an image without detections, detections on one without labels, up to 300): equal field
+    for field, the IoU equal to stock's ``box_iou``, the same true positives."""
+    val_matching.apply()
+    validator = host_validator()
+    for _ in range(3):
+        preds, batch = random_batch(generator, "cpu", dtype)
+        # A label a thousandth of a pixel wide and a detection on it: an IoU where box_iou's epsilon counts.
+        batch["bboxes"][0, 2:] = 1e-6
+        preds[0]["bboxes"][0] = (ops.xywh2xyxy(batch["bboxes"][:1]) * torch.tensor([640, 480, 640, 480]))[0]
+        answers = val_metrics.BatchAnswers(validator, preds, batch, val_metrics.label_counts(batch["batch_idx"], 4),
+                                           1e-7)
+        for si, pred in enumerate(preds):
+            stock = DetectionValidator._prepare_batch(validator, si, batch)
+            ours = answers.prepare_batch(si, batch)
+            assert list(ours) == list(stock)
+            for key, value in stock.items():
+                assert torch.equal(ours[key], value) if isinstance(value, torch.Tensor) else ours[key] == value, key
+            if len(stock["cls"]) and len(pred["cls"]):
+                assert torch.equal(answers.iou[si, :len(stock["cls"]), :len(pred["cls"])],
+                                   box_iou(stock["bboxes"], pred["bboxes"]))
+            expected = DetectionValidator._process_batch(validator, pred, stock)["tp"]
+            assert np.array_equal(answers.process_batch(pred, ours)["tp"], expected)
+            # Arguments that are not the batch's own go to stock's method.
+            assert np.array_equal(answers.process_batch(dict(pred), stock)["tp"], expected)
+
+
+def test_update_metrics_with_batch_answers_is_stocks(generator, monkeypatch):
+    """The patched ``update_metrics`` on the CPU (as it runs on the host copies) collects stock's statistics and
+    leaves the validator's own helpers in place."""
+    batches = [random_batch(generator, "cpu", torch.float32) for _ in range(3)]
+    monkeypatch.setattr(val_metrics, "host_copies_apply", lambda validator, preds: True)
+    collected = []
+    for patched in (False, True):
+        for patch in (val_metrics, val_matching):
+            patch.apply() if patched else patch.revert()
+        validator = host_validator()
+        for preds, batch in batches:
+            validator.update_metrics([dict(pred) for pred in preds], batch)
+        assert "_prepare_batch" not in vars(validator) and "_process_batch" not in vars(validator)
+        collected.append(validator)
+    stock, ours = collected
+    assert sum(int(tp.sum()) for tp in stock.metrics.stats["tp"]) > 0, "the batches should match some labels"
+    for key, arrays in stock.metrics.stats.items():
+        assert len(ours.metrics.stats[key]) == len(arrays), key
+        assert all(np.array_equal(mine, theirs) for mine, theirs in zip(ours.metrics.stats[key], arrays)), key
+    assert np.array_equal(ours.confusion_matrix.matrix, stock.confusion_matrix.matrix)
+
+
+def test_plan_keeps_stocks_helpers_where_they_answer_otherwise(monkeypatch):
+    """A release whose ``_prepare_batch`` scales its labels otherwise: the plan still patches (host copies) but
+    finds the batch-wide answers unequal, and ``update_metrics`` runs the release's helpers."""
+    assert val_metrics.answers_match_stock(1e-7)
+    stock = DetectionValidator._prepare_batch
+    prepared = []
+
+    def rounded(self, si, batch):
+        prepared.append(si)
+        answer = stock(self, si, batch)
+        return {**answer, "bboxes": answer["bboxes"].round()}
+
+    monkeypatch.setattr(DetectionValidator, "_prepare_batch", rounded)
+    monkeypatch.setattr(val_metrics, "_answers_eps", val_metrics._answers_eps)  # restored after the test
+    assert not val_metrics.answers_match_stock(1e-7)
+    assert val_metrics._plan() and val_metrics._answers_eps is None
+    monkeypatch.setattr(val_metrics, "host_copies_apply", lambda validator, preds: True)
+    prepared.clear()
+    val_metrics.update_metrics(host_validator(), *random_batch(torch.Generator().manual_seed(0), "cpu", torch.float32))
+    assert prepared == [0, 1, 2, 3]
 
 
 def test_host_copies_apply_only_to_plain_detection_on_a_gpu(generator):
