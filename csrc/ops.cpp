@@ -72,4 +72,13 @@ TORCH_LIBRARY(yolo_fastdetect, m) {
   // threshold each detection in turn claims the unclaimed label of highest IoU (numpy's argmax: the first maximum,
   // or the first NaN) and is correct where that IoU reaches the threshold. Returns correct (N, T) bool.
   m.def("match_predictions(Tensor iou, Tensor thresholds) -> Tensor");
+
+  // YOLO12's area-attention block of a fused model (Ultralytics' ABlock: AAttn, then its MLP), making the ATen calls
+  // the Python modules make (CompositeImplicitAutograd, every device). weights, biases, paddings and groups: the
+  // five convolutions (stride 1) in the order qkv, pe, proj, mlp.0 (followed by SiLU), mlp.1. scale_queries: the
+  // queries are scaled by head_dim ** -0.5 before their product with the keys (8.4.1xx on), else the product is.
+  // Returns (B, C, H, W).
+  m.def(
+      "area_attention_block(Tensor x, Tensor[] weights, Tensor[] biases, int[] paddings, int[] groups, "
+      "int num_heads, int area, bool scale_queries) -> Tensor");
 }

@@ -19,7 +19,7 @@ from ._patching import Patch, declined
 OLDEST_TESTED, NEWEST_TESTED = "8.3.0", "8.4.190"
 
 _NAMES = ("detect_head", "nms", "predictor", "sources", "results", "postprocess", "val_loader", "val_metrics",
-          "val_matching", "fuse_summary", "val_model_copy", "profile_sync")
+          "val_matching", "fuse_summary", "val_model_copy", "profile_sync", "area_attention")
 
 
 def _load(name: str) -> Patch:

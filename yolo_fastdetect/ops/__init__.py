@@ -1,5 +1,6 @@
 """Typed wrappers over the ``torch.ops.yolo_fastdetect`` operators, with their fake kernels and references."""
 
+from .area_attention import area_attention_block, area_attention_block_reference
 from .detect_decode import detect_decode, detect_decode_reference
 from .letterbox import LetterboxGeometry, letterbox, letterbox_geometry, scale_boxes_batch
 from .match_predictions import match_predictions
@@ -19,6 +20,8 @@ __all__ = [
     "LetterboxGeometry",
     "MultiScaleRoIAlign",
     "RoIAlign",
+    "area_attention_block",
+    "area_attention_block_reference",
     "batched_nms",
     "boxes_to_rois",
     "detect_decode",
