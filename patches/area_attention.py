@@ -17,6 +17,7 @@ neither keeps stock's method.
 
 from __future__ import annotations
 
+import sys
 import weakref
 
 import torch
@@ -122,8 +123,9 @@ def _checked_arguments(block: ABlock) -> tuple | None:
 
 def _in_plain_inference() -> bool:
     """Gradients off, and no tracer, exporter or compiler watching the Python calls."""
-    return not (torch.is_grad_enabled() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
-                or torch.compiler.is_compiling() or _global_hooks())
+    exporting = "torch.onnx" in sys.modules and torch.onnx.is_in_onnx_export()  # (not imported: no export)
+    return not (torch.is_grad_enabled() or torch.jit.is_tracing() or exporting or torch.compiler.is_compiling()
+                or _global_hooks())
 
 
 def forward(self: ABlock, x: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "../common.h"
+
 namespace yolo_fastdetect {
 namespace {
 
@@ -27,16 +29,17 @@ at::Tensor convolution(const at::Tensor& input, at::TensorList weights, at::Tens
 at::Tensor area_attention_block(const at::Tensor& x, at::TensorList weights, at::TensorList biases,
                                 at::IntArrayRef paddings, at::IntArrayRef groups, int64_t num_heads, int64_t area,
                                 bool scale_queries) {
-  TORCH_CHECK(x.dim() == 4, "area_attention_block: x must be (B, C, H, W), got ", x.dim(), " dimensions");
+  TORCH_CHECK(x.dim() == 4, "area_attention_block: x must be (B, C, H, W), got ", text(x.dim()), " dimensions");
   for (const size_t count : {weights.size(), biases.size(), paddings.size(), groups.size()}) {
     TORCH_CHECK(count == kCount, "area_attention_block: weights, biases, paddings and groups must each hold 5 entries ",
-                "(qkv, pe, proj, mlp.0, mlp.1), got ", count);
+                "(qkv, pe, proj, mlp.0, mlp.1), got ", text(count));
   }
   TORCH_CHECK(num_heads > 0 && area > 0, "area_attention_block: num_heads and area must be positive");
   const int64_t height = x.size(2), width = x.size(3);
   const int64_t head_dim = x.size(1) / num_heads, all_head_dim = head_dim * num_heads;
   int64_t batch = x.size(0), tokens = height * width;
-  TORCH_CHECK(tokens % area == 0, "area_attention_block: H * W (", tokens, ") must be a multiple of area (", area, ")");
+  TORCH_CHECK(tokens % area == 0, "area_attention_block: H * W (", text(tokens), ") must be a multiple of area (",
+              text(area), ")");
 
   // AAttn.forward
   at::Tensor qkv = convolution(x, weights, biases, paddings, groups, kQkv).flatten(2).transpose(1, 2);
