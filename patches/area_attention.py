@@ -123,7 +123,8 @@ def _checked_arguments(block: ABlock) -> tuple | None:
 
 def _in_plain_inference() -> bool:
     """Gradients off, and no tracer, exporter or compiler watching the Python calls."""
-    exporting = "torch.onnx" in sys.modules and torch.onnx.is_in_onnx_export()  # (not imported: no export)
+    exporting = (getattr(torch.compiler, "is_exporting", bool)()
+                 or "torch.onnx" in sys.modules and torch.onnx.is_in_onnx_export())  # (not imported: no export)
     return not (torch.is_grad_enabled() or torch.jit.is_tracing() or exporting or torch.compiler.is_compiling()
                 or _global_hooks())
 

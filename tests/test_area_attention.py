@@ -108,6 +108,16 @@ def test_stocks_method_runs_where_the_operator_does_not_apply(generator):
     assert (calls.call_count, calls_after.call_count, traced.call_count, replaced.call_count) == (0, 1, 0, 0)
 
 
+def test_export_sees_stocks_calls(generator):
+    """``torch.export`` (under which ONNX's exporter and others trace) records the modules' calls, not the operator."""
+    block, x = random_case(generator)
+    with torch.no_grad(), counted_operator() as calls:
+        program = torch.export.export(block, (x,))
+    assert calls.call_count == 0
+    assert "yolo_fastdetect" not in str(program.graph)
+    assert torch.equal(program.module()(x), STOCK_FORWARD(block, x))
+
+
 def test_operator_names_bad_arguments(generator):
     block, x = random_case(generator)
     weights, biases, paddings, groups, heads, _ = area_attention.operator_arguments(block, x)
