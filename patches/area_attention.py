@@ -1,18 +1,18 @@
 """Patch ``ABlock.forward`` (YOLO12): a fused block's area attention and MLP in one operator call.
 
 Stock's block is about thirty-five tensor calls from Python, each releasing the GIL and taking it back; in
-``model.val``, whose loader reads its samples on threads, yolo12n's forward pass waited at those calls (ours' inference
-stage 0.63 against stock's 0.44 ms an image on the H100 host: docs/design.md, Validation). The patched method hands
-the block to :func:`yolo_fastdetect.ops.area_attention.area_attention_block`, which makes the same ATen calls from
-C++, so the block's output is stock's bit for bit.
+``model.val``, whose loader reads its samples on threads, yolo12n's forward pass is slower than stock's (ours' inference
+stage 0.63 against 0.44 ms an image on the H100 host: docs/design.md, Validation), most likely waiting for the GIL at
+those calls. The patched method hands the block to :func:`yolo_fastdetect.ops.area_attention.area_attention_block`,
+which makes the same ATen calls from C++, so the block's output is stock's bit for bit.
 
 It applies to a block of a fused model (``BaseModel.fuse``: each ``Conv`` without its batch norm, running
 ``forward_fuse``) whose parts are stock's (``AAttn``, a two-``Conv`` MLP, plain stride-1 convolutions, SiLU after the
-first MLP convolution only), without hooks on its parts, while gradients are off and nothing traces or compiles the
-model, with the operators loaded; anything else runs the stock method. The plan runs stock's forward and the
-operator's Python reference on seeded blocks (one area and four), and learns which of the two scalings of the
-attention this release uses (the queries, 8.4.1xx on, or their product with the keys); a block that matches
-neither keeps stock's method.
+first MLP convolution only), without hooks on its parts, while gradients are off and nothing traces, exports or compiles
+the model, with the operators loaded; anything else runs the stock method. The plan runs stock's forward and the
+operator's Python reference on seeded blocks (one area and four), and learns which of the two scalings of the attention
+this release uses (the queries, 8.4.1xx on, or their product with the keys); a block that matches neither keeps stock's
+method.
 """
 
 from __future__ import annotations
