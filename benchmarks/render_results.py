@@ -72,6 +72,14 @@ def speedup(stock, ours):
     return lambda record: ratio(record["figures"].get(stock), record["figures"].get(ours))
 
 
+def host_activity(record) -> str:
+    """What the rest of the host did during the timed runs (recorded from 2026-12-07 on; blank before)."""
+    figures = record["figures"]
+    if "host_other_cores" not in figures:
+        return ""
+    return f"{figures['host_other_cores']:.2f} / {figures['host_steal_percent']:.1f}"
+
+
 def run(record) -> str:
     return f"{record['date']} {record['commit']}"
 
@@ -120,6 +128,7 @@ VAL_COLUMNS = [
     ("stock P / R / mAP50 / mAP50-95", figure("stock_metrics")),
     ("ours P / R / mAP50 / mAP50-95", figure("ours_metrics")),
     ("same printed digits", figure("same_printed_digits")),
+    ("host: other processes' cores / % stolen", host_activity),
 ]
 SCALE_COLUMNS = [
     ("decode", config("decode")),

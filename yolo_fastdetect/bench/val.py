@@ -23,9 +23,10 @@ whether every printed digit is the same. ``--loader-ab`` adds a third side, ours
 (``YOLO_FASTDETECT_SOURCES=0``), to tell what the threaded loader (``patches/val_loader.py``) gives. ``--phases``
 splits ours' wall time where the threaded loader applies (:class:`LoaderPhases`): the set-up before the loop asks
 for its first batch (split at the validator's steps, :data:`SETUP_STEPS`, ms a call), the loop's waits on the
-loader, the rest of the loop, and what follows its last batch, with the garbage collector's time in the call. ``--json
-PATH`` appends a record per row to PATH (the format of ``benchmarks/records/``; ``python
-benchmarks/render_results.py`` renders them into RESULTS.md).
+loader, the rest of the loop, and what follows its last batch, with the garbage collector's time in the call. Each
+row also says what the rest of the host did during its timed runs (:mod:`._host`: other processes' CPU, stolen
+time). ``--json PATH`` appends a record per row to PATH as each model's rows end (the format of
+``benchmarks/records/``; ``python benchmarks/render_results.py`` renders them into RESULTS.md).
 
 On a CPU it is a smoke run: stock NMS there takes a second or more for a batch of 32 at conf 0.001, past its own
 time limit (``2 + 0.05 * batch`` seconds), after which it drops the batch's remaining images; use small batches.
@@ -46,6 +47,7 @@ from unittest import mock
 
 import torch
 
+from ._host import host_activity, host_cpu_times
 from ._timing import append_records, detecting_model, environment_line, record_header
 from ._val_dataset import write_val_dataset
 
@@ -246,6 +248,7 @@ def bench_model(name: str, args: argparse.Namespace, folder: Path) -> list[dict]
         for _ in range(args.warmup):  # the label cache, the workers' first fork, cuDNN's choices, the graphs
             for side in runs:
                 val_once(model, data, options, args.device, side)
+        before = host_cpu_times()
         for _ in range(args.repeats):  # alternating, so that a drift of the machine reaches both sides
             for side in runs:
                 phases = LoaderPhases() if args.phases and side == "ours" else None
@@ -258,11 +261,15 @@ def bench_model(name: str, args: argparse.Namespace, folder: Path) -> list[dict]
                 runs[side]["wall_s"].append(seconds)
                 runs[side]["speeds"].append(metrics.speed)
                 runs[side]["metrics"] = [float(value) for value in metrics.mean_results()]
+        activity = host_activity(before, host_cpu_times())
         yolo_fastdetect.enable()
         row = {"model": name, "images": args.images, "batch": args.batch, "imgsz": args.imgsz,
                "precision": precision, "logit_scale": args.logit_scale, "raised_bias": args.raised_bias,
                "background": args.background, **{side: summary(runs[side], args.images) for side in runs}}
         row["speedup"] = row["stock"]["ms_per_image"] / row["ours"]["ms_per_image"]
+        row["host"] = activity
+        if activity is not None:
+            print(f"  {name} {precision}: the host besides this benchmark, timed runs: {activity.line()}", flush=True)
         if row["ours"]["phases_ms_per_image"]:
             split = ", ".join(f"{phase} {value:.3f}" for phase, value in row["ours"]["phases_ms_per_image"].items())
             print(f"  {name} {precision}: ours' wall time, ms per image: {split}", flush=True)
@@ -326,6 +333,9 @@ def records(rows: list[dict], device: str) -> list[dict]:
             figures["ours_phases_ms"] = [round(value, 3) for value in ours["phases_ms_per_image"].values()]
             figures["ours_setup_ms_per_call"] = [round(value, 1) for value in ours["setup_ms_per_call"].values()]
             figures["ours_gc_ms_per_call"] = round(ours["gc_ms_per_call"], 1)
+        if row["host"] is not None:
+            figures["host_other_cores"] = row["host"].other_cores
+            figures["host_steal_percent"] = row["host"].steal_percent
         config = {key: row[key] for key in ("model", "images", "batch", "imgsz", "precision")}
         note = MODEL_NOTE.format(scale=row["logit_scale"], raised=row["raised_bias"], background=row["background"],
                                 logging=logger_state())
@@ -366,14 +376,17 @@ def main(argv: list[str] | None = None) -> None:
 
     _ext.require()
     print(f"model.val end to end: {environment_line()}", flush=True)
+    rows = []
     with tempfile.TemporaryDirectory(prefix="yfd_bench_val_") as folder:
-        rows = [row for name in args.models for row in bench_model(name, args, Path(folder))]
+        for name in args.models:
+            made = bench_model(name, args, Path(folder))
+            if args.json:  # each model's as it ends: a run stopped by a time limit keeps the models done
+                append_records(args.json, records(made, args.device))
+            rows += made
     print(f"\nmodel.val on {args.images} generated images, imgsz {args.imgsz}, batch {args.batch}, conf {args.conf}, "
           f"device {args.device}: median of {args.repeats} runs per side after {args.warmup} warm-up; ms per image "
           "(wall: the whole model.val call; stages: Ultralytics' metrics.speed; rest: wall less the stages)\n")
     print(markdown_table(rows))
-    if args.json:
-        append_records(args.json, records(rows, args.device))
 
 
 if __name__ == "__main__":
