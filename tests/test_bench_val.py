@@ -113,6 +113,7 @@ def test_cpu_smoke_run_and_records(tmp_path, capsys):
     assert len(figures["stock_stages_ms"]) == len(figures["ours_stages_ms"]) == len(val.STAGES) + 1
     assert figures["same_printed_digits"] and figures["ours_metrics"] == figures["stock_metrics"]
     assert float(figures["stock_metrics"][1]) > 0  # the labels are the model's own boxes: it recalls some
+    assert figures["host_other_cores"] >= 0 and 0 <= figures["host_steal_percent"] <= 100
 
     spec = importlib.util.spec_from_file_location("render_results", REPO / "benchmarks" / "render_results.py")
     render = importlib.util.module_from_spec(spec)
@@ -120,3 +121,19 @@ def test_cpu_smoke_run_and_records(tmp_path, capsys):
     page = render.render([record])
     assert "## Validation: `model.val` (`bench val`)" in page
     assert f"| yolo11n.yaml | fp32 | 8, 4, 256 | {figures['stock_ms_per_image']} |" in page
+
+
+def test_a_models_records_are_written_before_the_next_model_runs(tmp_path, monkeypatch):
+    """A run cut short (the device's time limit, an error) keeps the records of the models it finished."""
+    records = tmp_path / "val.json"
+
+    def bench_model(name, args, folder):
+        if name == "second.yaml":
+            raise RuntimeError("cut short")
+        return [{"model": name}]
+
+    monkeypatch.setattr(val, "bench_model", bench_model)
+    monkeypatch.setattr(val, "records", lambda rows, device: [{"benchmark": "val", "rows": rows}])
+    with pytest.raises(RuntimeError, match="cut short"):
+        val.main(["--device", "cpu", "--models", "first.yaml", "second.yaml", "--json", str(records)])
+    assert json.loads(records.read_text()) == [{"benchmark": "val", "rows": [{"model": "first.yaml"}]}]

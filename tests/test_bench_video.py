@@ -43,6 +43,7 @@ def test_cpu_smoke_run_and_records(tmp_path):
         assert record["benchmark"] == "video" and record["table"] == "cpu" and record["gpu"] is None
         for key in ("date", "commit", "torch", "config", "figures"):
             assert record.get(key), key
+        assert record["figures"]["host_other_cores"] >= 0 and 0 <= record["figures"]["host_steal_percent"] <= 100
     assert one["config"] == {"scenario": "one_stream", "streams": 1, "size": "160x96", "frames": 6, "batch": 2}
     assert many["config"]["streams"] == 2 and live["config"]["batch"] == 1
     assert folder["config"] == {**many["config"], "scenario": "folder"}

@@ -31,8 +31,9 @@ Each side's detections are compared with stock's (per video, in frame order: sam
 pass of each of ours split where the predictor's thread spends it (``bench/_predict_phases.py``: waiting for the
 next batch, Ultralytics' stages, the rest) and where its video readers' threads spend theirs (in the decoder, waiting
 for room in their queues), to tell whether the source or the predictor bounds it, and on a GPU the pinned memory
-PyTorch's host allocator made during that pass (``pinned_made_mb``). ``--device cpu``
-with tiny clips is a smoke run. ``--json PATH`` appends the rows as records (``benchmarks/records/video.json``).
+PyTorch's host allocator made during that pass (``pinned_made_mb``). Each row also gives what the rest of the host
+did meanwhile (:mod:`._host`: ``host_other_cores``, ``host_steal_percent``). ``--device cpu`` with tiny clips is a
+smoke run. ``--json PATH`` appends each row as a record as its scenario ends (``benchmarks/records/video.json``).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ import torch
 from ..sources.video import nvdec_decoders
 from . import _cv2_decode
 from ._camera_clips import camera_size, write_camera_clip
+from ._host import host_activity, host_cpu_times
 from ._predict_phases import PREDICT_PHASES, READER_PHASES, predict_phases
 from ._timing import append_records, detecting_model, environment_line, record_header
 from .sources import decoded, nvdec_frames, planes_frames, predict_pass, same_detections
@@ -292,6 +294,7 @@ def run(args) -> list[dict]:
         root.mkdir(parents=True, exist_ok=True)
         clips = write_clips(root, args)
         for scenario in args.scenarios:
+            before = host_cpu_times()
             if scenario == "one_stream":
                 row = one_stream(model, clips["one"][0], args, options)
                 config = {"streams": 1, "size": args.one_stream_size, "frames": args.frames, "batch": args.batch}
@@ -304,8 +307,13 @@ def run(args) -> list[dict]:
             else:
                 row = live_latency(model, clips["one"][0], args, options)
                 config = {"streams": 1, "size": args.one_stream_size, "frames": args.live_frames, "batch": 1}
+            activity = host_activity(before, host_cpu_times())
+            if activity is not None:
+                row["figures"].update(host_other_cores=activity.other_cores, host_steal_percent=activity.steal_percent)
             rows.append({"scenario": scenario, "config": config, **row})
             print(f"  {scenario}: {summary(rows[-1])}", flush=True)
+            if args.json:  # each scenario's as it ends: a run stopped by a time limit keeps the scenarios done
+                append_records(args.json, records(rows[-1:], args.device))
     return rows
 
 
@@ -359,9 +367,7 @@ def main(argv: list[str] | None = None) -> None:
     for size in (args.one_stream_size, args.many_streams_size):
         camera_size(size)  # a bad size fails here, before any work
     print(f"bench video: {environment_line()} | {os.cpu_count()} CPUs | model {args.model}", flush=True)
-    rows = run(args)
-    if args.json:
-        append_records(args.json, records(rows, args.device))
+    run(args)
 
 
 if __name__ == "__main__":
