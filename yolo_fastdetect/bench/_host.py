@@ -4,7 +4,8 @@ hypervisor stole, so that a reader can tell a run on a busy or shared machine fr
 On the GPU machines a run just after a cold start and the operators' build took every step two to five times its
 usual length, stock's and ours alike, and the speed-ups came out far lower; a run minutes later on the same machine
 did not (docs/design.md, Validation). Linux only: ``/proc/stat`` gives the host's CPU time, ``os.times``
-this process's and its reaped children's (stock's validation workers are forked children).
+this process's and its reaped children's (stock's validation workers are forked children, reaped when their loader
+is collected; a child still running when the interval ends counts among the other processes).
 """
 
 from __future__ import annotations
