@@ -101,7 +101,7 @@ def test_cpu_smoke_run_and_records(tmp_path, capsys):
     records = tmp_path / "val.json"
     records.write_text(json.dumps([{"benchmark": "val", "kept": True}]))
     val.main(["--device", "cpu", "--models", "yolo11n.yaml", "--images", "8", "--batch", "4", "--imgsz", "256",
-              "--repeats", "1", "--warmup", "0", "--loader-ab", "--json", str(records)])
+              "--repeats", "1", "--warmup", "0", "--loader-ab", "--without", "area_attention", "--json", str(records)])
     assert "| yolo11n.yaml | fp32 |" in capsys.readouterr().out
     kept, record = json.loads(records.read_text())
     assert kept == {"benchmark": "val", "kept": True}  # appended, not overwritten
@@ -110,6 +110,8 @@ def test_cpu_smoke_run_and_records(tmp_path, capsys):
     figures = record["figures"]
     assert figures["stock_ms_per_image"] > 0 and figures["ours_ms_per_image"] > 0
     assert figures["ours_stock_loader_ms_per_image"] > 0
+    assert figures["ours_without_patches"] == ["area_attention"] and figures["ours_without_ms_per_image"] > 0
+    assert len(figures["ours_without_stages_ms"]) == len(val.STAGES) + 1
     assert len(figures["stock_stages_ms"]) == len(figures["ours_stages_ms"]) == len(val.STAGES) + 1
     assert figures["same_printed_digits"] and figures["ours_metrics"] == figures["stock_metrics"]
     assert float(figures["stock_metrics"][1]) > 0  # the labels are the model's own boxes: it recalls some
@@ -137,3 +139,45 @@ def test_a_models_records_are_written_before_the_next_model_runs(tmp_path, monke
     with pytest.raises(RuntimeError, match="cut short"):
         val.main(["--device", "cpu", "--models", "first.yaml", "second.yaml", "--json", str(records)])
     assert json.loads(records.read_text()) == [{"benchmark": "val", "rows": [{"model": "first.yaml"}]}]
+
+
+def test_the_without_side_reverts_only_the_named_patches_for_its_call():
+    """``--without``'s side runs with the named patches reverted and the others applied; after the call every patch
+    is applied again; the other sides keep all of them."""
+    import yolo_fastdetect
+    from yolo_fastdetect.patches import PATCHES
+
+    applicable = {patch.name for patch in PATCHES if patch.reason is None}
+    named = ("area_attention", "val_metrics")
+    assert set(named) <= applicable
+    seen = {}
+
+    class Model:
+        def val(self, **options):
+            seen[options["name"]] = {patch.name for patch in PATCHES if patch.is_applied()}
+            return "metrics"
+
+    for side in ("stock", "ours", val.WITHOUT):
+        val.val_once(Model(), Path("data.yaml"), {}, "cpu", side, without=named)
+    assert seen["stock"] == set() and seen["ours"] == applicable
+    assert seen[val.WITHOUT] == applicable - set(named)
+    assert {patch.name for patch in PATCHES if patch.is_applied()} == applicable
+    yolo_fastdetect.enable()
+
+
+def test_the_without_side_applies_its_patches_again_after_an_error():
+    from yolo_fastdetect.patches import PATCHES
+
+    class Failing:
+        def val(self, **options):
+            raise RuntimeError("val failed")
+
+    with pytest.raises(RuntimeError, match="val failed"):
+        val.val_once(Failing(), Path("data.yaml"), {}, "cpu", val.WITHOUT, without=("area_attention",))
+    assert next(patch for patch in PATCHES if patch.name == "area_attention").is_applied()
+
+
+def test_without_names_a_patch(capsys):
+    with pytest.raises(SystemExit):
+        val.main(["--device", "cpu", "--without", "no_such_patch"])
+    assert "invalid choice: 'no_such_patch'" in capsys.readouterr().err

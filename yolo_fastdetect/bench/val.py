@@ -16,17 +16,18 @@ place. Both sides validate it in one process, toggled with ``yolo_fastdetect.dis
 ``model.val`` call, as a user makes it (dataset, loader and workers, warm-up, metrics), and the wall time is divided
 by the images.
 
-Reported per model and precision: the median wall time per image, the median of Ultralytics' own per-image stage
-times (``metrics.speed``: preprocess, inference, postprocess) and what the stages leave out (data loading, set-up,
-metrics), and precision, recall, mAP50 and mAP50-95 of both sides as Ultralytics prints them (``%.3g``), with
-whether every printed digit is the same. ``--loader-ab`` adds a third side, ours with stock's validation loader
-(``YOLO_FASTDETECT_SOURCES=0``), to tell what the threaded loader (``patches/val_loader.py``) gives. ``--phases``
-splits ours' wall time where the threaded loader applies (:class:`LoaderPhases`): the set-up before the loop asks
-for its first batch (split at the validator's steps, :data:`SETUP_STEPS`, ms a call), the loop's waits on the
-loader, the rest of the loop, and what follows its last batch, with the garbage collector's time in the call. Each
-row also says what the rest of the host did during its timed runs (:mod:`._host`: other processes' CPU, stolen
-time). ``--json PATH`` appends a record per row to PATH as each model's rows end (the format of
-``benchmarks/records/``; ``python benchmarks/render_results.py`` renders them into RESULTS.md).
+Reported per model and precision: the median wall time per image, the median of Ultralytics' own per-image stage times
+(``metrics.speed``: preprocess, inference, postprocess) and what the stages leave out (data loading, set-up, metrics),
+and precision, recall, mAP50 and mAP50-95 of both sides as Ultralytics prints them (``%.3g``), with whether every
+printed digit is the same. ``--loader-ab`` adds a third side, ours with stock's validation loader
+(``YOLO_FASTDETECT_SOURCES=0``), to tell what the threaded loader (``patches/val_loader.py``) gives; ``--without PATCH
+...`` another, ours with those patches reverted for its calls: what a change gives, measured on one host. ``--phases``
+splits ours' wall time where the threaded loader applies (:class:`LoaderPhases`): the set-up before the loop asks for
+its first batch (split at the validator's steps, :data:`SETUP_STEPS`, ms a call), the loop's waits on the loader, the
+rest of the loop, and what follows its last batch, with the garbage collector's time in the call. Each row also says
+what the rest of the host did during its timed runs (:mod:`._host`: other processes' CPU, stolen time). ``--json
+PATH`` appends a record per row to PATH as each model's rows end (the format of ``benchmarks/records/``; ``python
+benchmarks/render_results.py`` renders them into RESULTS.md).
 
 On a CPU it is a smoke run: stock NMS there takes a second or more for a batch of 32 at conf 0.001, past its own
 time limit (``2 + 0.05 * batch`` seconds), after which it drops the batch's remaining images; use small batches.
@@ -42,11 +43,13 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from unittest import mock
 
 import torch
 
+from ..patches import PATCHES
 from ._host import host_activity, host_cpu_times
 from ._timing import append_records, detecting_model, environment_line, record_header
 from ._val_dataset import write_val_dataset
@@ -54,6 +57,8 @@ from ._val_dataset import write_val_dataset
 STAGES = ("preprocess", "inference", "postprocess")
 # ``--loader-ab``'s third side: the package on, but the validation set read by stock's DataLoader.
 STOCK_LOADER = "ours_stock_loader"
+# ``--without``'s side: the package on but for the named patches, reverted for the call (a change's A/B on one host).
+WITHOUT = "ours_without"
 METRICS = ("P", "R", "mAP50", "mAP50-95")
 # How the records' model was prepared, under RESULTS' validation table (earlier records' models were prepared
 # otherwise, and say so there).
@@ -194,15 +199,29 @@ class LoaderPhases:
         return split
 
 
+@contextlib.contextmanager
+def patches_reverted(names: Sequence[str]) -> Iterator[None]:
+    """The named patches reverted in the block, applied again after it (the package on)."""
+    chosen = [patch for patch in PATCHES if patch.name in names]
+    for patch in reversed(chosen):
+        patch.revert()
+    try:
+        yield
+    finally:
+        for patch in chosen:
+            patch.apply()
+
+
 def val_once(model, data: Path, options: dict, device: str, side: str,
-             phases: LoaderPhases | None = None) -> tuple[float, object]:
-    """One ``model.val`` call with the package off (``side`` "stock") or on (``ours``, or :data:`STOCK_LOADER`: with
-    ``YOLO_FASTDETECT_SOURCES=0``, so stock's loader reads the set): its wall seconds and its metrics; ``phases``,
-    where given, times the call's phases."""
+             phases: LoaderPhases | None = None, without: Sequence[str] = ()) -> tuple[float, object]:
+    """One ``model.val`` call with the package off (``side`` "stock") or on (``ours``; :data:`STOCK_LOADER`: with
+    ``YOLO_FASTDETECT_SOURCES=0``, so stock's loader reads the set; :data:`WITHOUT`: with the patches named in
+    ``without`` reverted): its wall seconds and its metrics; ``phases``, where given, times the call's phases."""
     import yolo_fastdetect
 
     (yolo_fastdetect.disable if side == "stock" else yolo_fastdetect.enable)()
-    with mock.patch.dict(os.environ, {"YOLO_FASTDETECT_SOURCES": "0"} if side == STOCK_LOADER else {}):
+    with mock.patch.dict(os.environ, {"YOLO_FASTDETECT_SOURCES": "0"} if side == STOCK_LOADER else {}), \
+            patches_reverted(without if side == WITHOUT else ()):
         if device != "cpu":
             torch.cuda.synchronize()
         with phases.timing() if phases is not None else contextlib.nullcontext():
@@ -243,16 +262,16 @@ def bench_model(name: str, args: argparse.Namespace, folder: Path) -> list[dict]
         options = {"imgsz": args.imgsz, "batch": args.batch, "conf": args.conf, "device": args.device,
                    "quantize": 16 if precision == "fp16" else None, "plots": False, "verbose": False,
                    "project": str(folder / "runs"), "exist_ok": True}
-        sides = ("stock", "ours", *([STOCK_LOADER] if args.loader_ab else []))
+        sides = ("stock", "ours", *([STOCK_LOADER] if args.loader_ab else []), *([WITHOUT] if args.without else []))
         runs = {side: {"wall_s": [], "speeds": [], "phases": [], "setup": [], "gc_s": []} for side in sides}
         for _ in range(args.warmup):  # the label cache, the workers' first fork, cuDNN's choices, the graphs
             for side in runs:
-                val_once(model, data, options, args.device, side)
+                val_once(model, data, options, args.device, side, without=args.without or ())
         before = host_cpu_times()
         for _ in range(args.repeats):  # alternating, so that a drift of the machine reaches both sides
             for side in runs:
                 phases = LoaderPhases() if args.phases and side == "ours" else None
-                seconds, metrics = val_once(model, data, options, args.device, side, phases)
+                seconds, metrics = val_once(model, data, options, args.device, side, phases, args.without or ())
                 split = phases.seconds() if phases is not None else None
                 if split is not None:
                     runs[side]["phases"].append(split)
@@ -267,6 +286,7 @@ def bench_model(name: str, args: argparse.Namespace, folder: Path) -> list[dict]
                "precision": precision, "logit_scale": args.logit_scale, "raised_bias": args.raised_bias,
                "background": args.background, **{side: summary(runs[side], args.images) for side in runs}}
         row["speedup"] = row["stock"]["ms_per_image"] / row["ours"]["ms_per_image"]
+        row["without"] = tuple(args.without or ())
         row["host"] = activity
         if activity is not None:
             print(f"  {name} {precision}: the host besides this benchmark, timed runs: {activity.line()}", flush=True)
@@ -279,6 +299,9 @@ def bench_model(name: str, args: argparse.Namespace, folder: Path) -> list[dict]
         if args.loader_ab:
             print(f"  {name} {precision}: ours with stock's loader {row[STOCK_LOADER]['ms_per_image']:.3f} ms/img "
                   f"(stages {stages(row[STOCK_LOADER])}), metrics {printed(row[STOCK_LOADER]['metrics'])}", flush=True)
+        if args.without:
+            print(f"  {name} {precision}: ours without {', '.join(args.without)} {row[WITHOUT]['ms_per_image']:.3f} "
+                  f"ms/img (stages {stages(row[WITHOUT])}), metrics {printed(row[WITHOUT]['metrics'])}", flush=True)
         row["same_printed_digits"] = printed(row["stock"]["metrics"]) == printed(row["ours"]["metrics"])
         row["exact"] = row["stock"]["metrics"] == row["ours"]["metrics"]
         rows.append(row)
@@ -329,6 +352,11 @@ def records(rows: list[dict], device: str) -> list[dict]:
         }
         if STOCK_LOADER in row:
             figures[f"{STOCK_LOADER}_ms_per_image"] = round(row[STOCK_LOADER]["ms_per_image"], 3)
+        if WITHOUT in row:
+            figures[f"{WITHOUT}_patches"] = list(row["without"])
+            figures[f"{WITHOUT}_ms_per_image"] = round(row[WITHOUT]["ms_per_image"], 3)
+            figures[f"{WITHOUT}_stages_ms"] = [round(row[WITHOUT]["stages_ms_per_image"][stage], 3)
+                                              for stage in STAGES] + [round(row[WITHOUT]["rest_ms_per_image"], 3)]
         if ours["phases_ms_per_image"]:  # set-up, loader waits, loop, after the loop
             figures["ours_phases_ms"] = [round(value, 3) for value in ours["phases_ms_per_image"].values()]
             figures["ours_setup_ms_per_call"] = [round(value, 1) for value in ours["setup_ms_per_call"].values()]
@@ -365,6 +393,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated images")
     parser.add_argument("--loader-ab", action="store_true",
                         help="also time ours with stock's validation loader (YOLO_FASTDETECT_SOURCES=0)")
+    names = [patch.name for patch in PATCHES]
+    parser.add_argument("--without", nargs="+", choices=names, metavar="PATCH",
+                        help="also time ours with these patches reverted (a change's A/B on one host): "
+                        + ", ".join(names))
     parser.add_argument("--phases", action="store_true",
                         help="split ours' wall time at its threaded loader's first and last batch (GPU)")
     parser.add_argument("--json", type=Path, help="append the rows as records to this file (benchmarks/records/)")
