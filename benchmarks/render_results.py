@@ -72,6 +72,14 @@ def speedup(stock, ours):
     return lambda record: ratio(record["figures"].get(stock), record["figures"].get(ours))
 
 
+def without_patches(record) -> str:
+    """``bench val --without``'s side: its ms per image and the patches it reverted (blank where not run)."""
+    figures = record["figures"]
+    if "ours_without_ms_per_image" not in figures:
+        return ""
+    return f"{figures['ours_without_ms_per_image']} (without {', '.join(figures['ours_without_patches'])})"
+
+
 def host_activity(record) -> str:
     """What the rest of the host did during the timed runs (recorded from 2026-12-07 on; blank before)."""
     figures = record["figures"]
@@ -123,6 +131,7 @@ VAL_COLUMNS = [
     ("ours ms/img", figure("ours_ms_per_image")),
     ("speed-up", speedup("stock_ms_per_image", "ours_ms_per_image")),
     ("ours, stock's loader ms/img", figure("ours_stock_loader_ms_per_image")),
+    ("ours without patches ms/img", without_patches),
     ("stock pre / inf / post / rest", figure("stock_stages_ms")),
     ("ours pre / inf / post / rest", figure("ours_stages_ms")),
     ("stock P / R / mAP50 / mAP50-95", figure("stock_metrics")),

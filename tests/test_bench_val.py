@@ -123,6 +123,7 @@ def test_cpu_smoke_run_and_records(tmp_path, capsys):
     page = render.render([record])
     assert "## Validation: `model.val` (`bench val`)" in page
     assert f"| yolo11n.yaml | fp32 | 8, 4, 256 | {figures['stock_ms_per_image']} |" in page
+    assert f"| {figures['ours_without_ms_per_image']} (without area_attention) |" in page
 
 
 def test_a_models_records_are_written_before_the_next_model_runs(tmp_path, monkeypatch):
