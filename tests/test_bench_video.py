@@ -55,6 +55,8 @@ def test_cpu_smoke_run_and_records(tmp_path):
         assert waits == -1 and all(stage > 0 for stage in stages)  # (no _prefetch on the CPU: waits not told)
         converted, converting, queue_waits = figures["ours_cpu_readers_us"]
         assert converted == converting == 0 and queue_waits > 0  # cv2 reads: its readers only wait on their queues
+        predictor_off_cpu, readers_off_cpu = figures["ours_cpu_off_cpu_us"]
+        assert predictor_off_cpu >= 0 and readers_off_cpu > 0  # (the readers block on their queues' room)
         assert ("ours_cpu_pinned_made_mb" in figures) == torch.cuda.is_available()  # only where pinned memory is
         assert "ours_nvdec_fps" not in figures and record["note"] == ("PyAV planes not run: no CUDA device; "
                                                                         "NVDEC not run: no CUDA device")
@@ -102,9 +104,11 @@ def test_predict_phases_add_up_to_the_pass(monkeypatch):
 
     for prefetch in (True, False):
         begin = time.perf_counter()
-        phases, readers = _predict_phases.predict_phases(Model(prefetch), "clip.mp4", 1, {"device": "cpu"})
+        phases, readers, off_cpu = _predict_phases.predict_phases(Model(prefetch), "clip.mp4", 1, {"device": "cpu"})
         wall_us = (time.perf_counter() - begin) * 1e6 / 3
         assert readers == dict.fromkeys(_predict_phases.READER_PHASES, 0.0)  # no video reader ran
+        # The predictor's thread sleeps for each batch, or blocks on the prefetch queue while another thread sleeps.
+        assert 0.015e6 <= off_cpu["predictor"] <= wall_us and off_cpu["readers"] == 0
         assert list(phases) == list(_predict_phases.PREDICT_PHASES)
         assert phases["preprocess"] == 1000 and phases["inference"] == 2000 and phases["postprocess"] == 500
         # The split adds up to the pass's own wall time: at least each frame's 20 ms batch, at most the call's time
@@ -134,3 +138,25 @@ def test_reader_times_count_pyavs_decoding_and_conversion(tmp_path):
     decoder, converting, waits = (times[phase] for phase in _predict_phases.READER_PHASES)
     assert decoder > converting > 0 and waits == 0
     assert (PlanesVideo.__iter__, PlanesVideo._converted) == (iterate, convert)  # restored after the block
+
+
+def test_readers_off_cpu_counts_a_reader_blocked_on_its_queue(tmp_path):
+    """A video reader whose consumer is slow waits off the CPU for room in its queue, and that time is counted."""
+    import time
+
+    from video_corpus import write_h264
+    from yolo_fastdetect.bench import _predict_phases
+    from yolo_fastdetect.sources import video
+
+    path = write_h264(tmp_path / "clip.mp4", 6, 96, 64)
+    read_all = video._read_all
+    with _predict_phases.readers_off_cpu() as seconds:
+        reader = video.VideoReader([str(path)], vid_stride=1, gray=False, capacity=1)
+        items = []
+        while not items or items[-1] is not video.VIDEO_END and not getattr(items[-1], "last", False):
+            time.sleep(0.05)  # the reader's queue holds one item: it blocks on each put meanwhile
+            items.append(reader.get())
+        reader.close()
+    assert len(items) == 7  # the video's start and its six frames
+    assert seconds[0] >= 0.15  # blocked for most of six 50 ms sleeps
+    assert video._read_all is read_all  # restored after the block

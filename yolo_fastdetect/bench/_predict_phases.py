@@ -7,7 +7,10 @@ On a GPU (and for a model that asks for it) Ultralytics 8.4.1xx reads a file sou
 waits only where the source is slower than the rest of the loop. A pass timed here tells the two apart: waits near
 zero mean the predictor's thread bounds the pass, long waits the source. :func:`reader_times` then tells where the
 video readers' threads spend theirs: in the decoder (PyAV's or NVDEC's frames, converted on the GPU), and waiting
-for room in their queues (the consumer is behind).
+for room in their queues (the consumer is behind). :data:`OFF_CPU` tells which of those threads' time is spent off the
+CPU: with CUDA's default scheduling a thread waiting for the GPU spins (on the CPU), so off-CPU time is time blocked
+on a lock (the GIL, a queue's), asleep or in the kernel's waits, and a thread whose off-CPU time far exceeds its queue
+waits waits for the GIL.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ PREDICT_PHASES = ("batch waits", "preprocess", "inference", "postprocess", "rest
 # decoder for each frame (PyAV's decode and staging, or NVDEC's; the GPU conversion and the copy back included), the
 # part of it in PyAV's batched conversion (PlanesVideo._converted), and waiting for room in the reader's queue.
 READER_PHASES = ("converted decoder", "of which GPU conversion", "queue waits")
+# Wall time less thread CPU time (time.thread_time): the predictor's thread over the pass, and the video readers'
+# threads over their lives (summed).
+OFF_CPU = ("predictor", "readers")
 
 
 def _each_next_timed(items: Iterator, count: Callable[[float], None]) -> Iterator:
@@ -87,26 +93,59 @@ def batch_waits() -> Iterator[BatchWaits]:
         yield waited
 
 
-def predict_phases(model, source, batch: int, options: dict) -> tuple[dict[str, float | None], dict[str, float]]:
+def predict_phases(model, source, batch: int, options: dict
+                   ) -> tuple[dict[str, float | None], dict[str, float], dict[str, float]]:
     """One ``stream=True`` pass of ``model.predict(source)``, consumed as the benchmarks consume it (each result's
     boxes to the host): microseconds per frame of each of :data:`PREDICT_PHASES` (``batch waits`` None where it
-    cannot be told), which add up to the pass's wall time per frame; and of each of :data:`READER_PHASES` (thread
-    time of the video readers)."""
+    cannot be told), which add up to the pass's wall time per frame; of each of :data:`READER_PHASES` (thread
+    time of the video readers); and of each of :data:`OFF_CPU`."""
     speeds = []
-    with batch_waits() as waited, reader_times() as readers:
-        begin = time.perf_counter()
+    with batch_waits() as waited, reader_times() as readers, readers_off_cpu() as readers_off:
+        begin, begin_cpu = time.perf_counter(), time.thread_time()
         for result in model.predict(source, stream=True, batch=batch, **options):
             result.boxes.cpu()
             speeds.append(result.speed)
         if options["device"] == "cuda":
             torch.cuda.synchronize()
-        wall = time.perf_counter() - begin
+        wall, cpu = time.perf_counter() - begin, time.thread_time() - begin_cpu
     frames = max(1, len(speeds))
     phases: dict[str, float | None] = {"batch waits": waited.seconds * 1e6 / frames if waited.prefetched else None}
     for stage in PREDICT_PHASES[1:4]:
         phases[stage] = sum(speed[stage] for speed in speeds) * 1e3 / frames
     phases["rest"] = wall * 1e6 / frames - sum(value or 0.0 for value in phases.values())
-    return phases, {phase: seconds * 1e6 / frames for phase, seconds in readers.items()}
+    off_cpu = {"predictor": max(0.0, wall - cpu) * 1e6 / frames, "readers": readers_off[0] * 1e6 / frames}
+    return phases, {phase: seconds * 1e6 / frames for phase, seconds in readers.items()}, off_cpu
+
+
+@contextlib.contextmanager
+def readers_off_cpu() -> Iterator[list[float]]:
+    """Sum the seconds the video readers' threads started in the block spend off the CPU over their lives (wall time
+    less ``time.thread_time``): a one-item list, complete once those threads have ended.
+
+    Examples:
+        >>> with readers_off_cpu() as seconds:
+        ...     pass
+        >>> seconds
+        [0.0]
+    """
+    from yolo_fastdetect.sources import video
+
+    total = [0.0]
+    lock = threading.Lock()
+    read_all = video._read_all
+
+    @functools.wraps(read_all)
+    def counted(*args, **kwargs):
+        begin, begin_cpu = time.perf_counter(), time.thread_time()
+        try:
+            return read_all(*args, **kwargs)
+        finally:
+            off = (time.perf_counter() - begin) - (time.thread_time() - begin_cpu)
+            with lock:
+                total[0] += max(0.0, off)
+
+    with mock.patch.object(video, "_read_all", counted):
+        yield total
 
 
 @contextlib.contextmanager

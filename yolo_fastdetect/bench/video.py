@@ -30,8 +30,9 @@ once untimed first, then the median of ``--repeats`` passes is reported. Scenari
 Each side's detections are compared with stock's (per video, in frame order: same box counts). ``--phases`` adds a
 pass of each of ours split where the predictor's thread spends it (``bench/_predict_phases.py``: waiting for the
 next batch, Ultralytics' stages, the rest) and where its video readers' threads spend theirs (in the decoder, waiting
-for room in their queues), to tell whether the source or the predictor bounds it, and on a GPU the pinned memory
-PyTorch's host allocator made during that pass (``pinned_made_mb``). Each row also gives what the rest of the host
+for room in their queues), to tell whether the source or the predictor bounds it, how much of those threads' time
+is off the CPU (``off_cpu_us``: blocked on the GIL or a queue), and on a GPU the pinned memory PyTorch's host
+allocator made during that pass (``pinned_made_mb``). Each row also gives what the rest of the host
 did meanwhile (:mod:`._host`: ``host_other_cores``, ``host_steal_percent``). ``--device cpu`` with tiny clips is a
 smoke run. ``--json PATH`` appends each row as a record as its scenario ends (``benchmarks/records/video.json``).
 """
@@ -59,7 +60,7 @@ from ..sources.video import nvdec_decoders
 from . import _cv2_decode
 from ._camera_clips import camera_size, write_camera_clip
 from ._host import host_activity, host_cpu_times
-from ._predict_phases import PREDICT_PHASES, READER_PHASES, predict_phases
+from ._predict_phases import OFF_CPU, PREDICT_PHASES, READER_PHASES, predict_phases
 from ._timing import append_records, detecting_model, environment_line, record_header
 from .sources import decoded, nvdec_frames, planes_frames, predict_pass, same_detections
 
@@ -173,8 +174,9 @@ def predicted_sides(model, source, paths: list[str], batch: int, options: dict, 
     """Stock (each video alone where ``source`` is a list), ours reading with cv2 and, where ``reasons`` has None
     for them, ours with PyAV's planes and with NVDEC: each side's median frames per second and whether its
     detections are stock's; with ``phases``, one more pass of each of ours, split at
-    :data:`._predict_phases.PREDICT_PHASES` and :data:`._predict_phases.READER_PHASES` (µs a frame), with the
-    pinned memory it made (:func:`pinned_blocks_made`, MB) on a GPU."""
+    :data:`._predict_phases.PREDICT_PHASES`, :data:`._predict_phases.READER_PHASES` and
+    :data:`._predict_phases.OFF_CPU` (µs a frame), with the pinned memory it made (:func:`pinned_blocks_made`, MB) on
+    a GPU."""
     import yolo_fastdetect
     from yolo_fastdetect.sources import GPU_VIDEO_VARIABLE, PYAV_VIDEO_VARIABLE
 
@@ -198,9 +200,10 @@ def predicted_sides(model, source, paths: list[str], batch: int, options: dict, 
             figures[f"ours_{side}_fps"] = median_rate(ours_pass, repeats)
             if phases:
                 made = pinned_blocks_made()
-                split, readers = predict_phases(model, source, batch, options)
+                split, readers, off_cpu = predict_phases(model, source, batch, options)
                 figures[f"ours_{side}_phases_us"] = [-1.0 if value is None else value for value in split.values()]
                 figures[f"ours_{side}_readers_us"] = list(readers.values())
+                figures[f"ours_{side}_off_cpu_us"] = list(off_cpu.values())
                 if made is not None:
                     figures[f"ours_{side}_pinned_made_mb"] = (pinned_blocks_made() - made) / 1e6
         difference = same_detections(by_video(records), by_video(stock_records))
@@ -360,7 +363,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--phases", action="store_true",
                         help="one more pass of each of ours, split at: " + ", ".join(PREDICT_PHASES)
                         + " (µs a frame; batch waits -1 where not told); its video readers' thread time: "
-                        + ", ".join(READER_PHASES) + "; and on a GPU the pinned memory made in it (MB)")
+                        + ", ".join(READER_PHASES) + "; those threads' time off the CPU: " + ", ".join(OFF_CPU)
+                        + "; and on a GPU the pinned memory made in it (MB)")
     parser.add_argument("--keep", type=Path, help="write the clips here and keep them")
     parser.add_argument("--json", type=Path, help="append the rows as records to this file (benchmarks/records/)")
     args = parser.parse_args(argv)
