@@ -67,7 +67,10 @@ def test_phases_split_a_call_at_its_loaders_first_and_last_batch():
     assert seconds["set-up"] >= 0.05 and seconds["after the loop"] >= 0.03 and seconds["loop"] >= 3 * 0.02
     assert seconds["loader waits"] >= 0.01  # the first batch at least: its samples are read after it is asked for
     assert sum(seconds.values()) == pytest.approx(phases.end - phases.begin)
-    assert val.LoaderPhases().seconds() is None  # no loader read
+    # The loop's sleeps and its waits for the loader are off the CPU, and no more than the loop's wall time is.
+    off_cpu = phases.loop_off_cpu_seconds()
+    assert 3 * 0.02 <= off_cpu <= seconds["loop"] + seconds["loader waits"] + 1e-3
+    assert val.LoaderPhases().seconds() is None and val.LoaderPhases().loop_off_cpu_seconds() is None
 
 
 def test_setup_split_at_the_validators_steps():

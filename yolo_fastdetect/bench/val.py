@@ -24,7 +24,8 @@ printed digit is the same. ``--loader-ab`` adds a third side, ours with stock's 
 ...`` another, ours with those patches reverted for its calls: what a change gives, measured on one host. ``--phases``
 splits ours' wall time where the threaded loader applies (:class:`LoaderPhases`): the set-up before the loop asks for
 its first batch (split at the validator's steps, :data:`SETUP_STEPS`, ms a call), the loop's waits on the loader, the
-rest of the loop, and what follows its last batch, with the garbage collector's time in the call. Each row also says
+rest of the loop, and what follows its last batch, with the garbage collector's time in the call and the loop's
+time off the CPU on the validator's thread (its waits for the loader and the GIL). Each row also says
 what the rest of the host did during its timed runs (:mod:`._host`: other processes' CPU, stolen time). ``--json
 PATH`` appends a record per row to PATH as each model's rows end (the format of ``benchmarks/records/``; ``python
 benchmarks/render_results.py`` renders them into RESULTS.md).
@@ -96,7 +97,9 @@ class LoaderPhases:
     (:class:`~yolo_fastdetect.sources.dataset_batches.DatasetBatches`): :meth:`seconds` of :data:`PHASES` once the
     call has run inside :meth:`timing`, or None where no such loader was read; :meth:`setup_seconds` splits the
     set-up at :data:`SETUP_STEPS`, and :attr:`gc_seconds` is what Python's garbage collector took in the block (all
-    threads; a full collection walks every object of the process).
+    threads; a full collection walks every object of the process). :meth:`loop_off_cpu_seconds` is the loop's wall
+    time less the validator's thread's CPU time in it: waits for the loader and for the GIL (CUDA's default
+    scheduling spins while the thread waits for the GPU, on the CPU).
 
     Examples:
         >>> phases = LoaderPhases()
@@ -109,6 +112,7 @@ class LoaderPhases:
     def __init__(self):
         self.begin = self.end = self.first = self.last = None
         self.waits = self.gc_seconds = 0.0
+        self.first_cpu = self.last_cpu = None  # the validator's thread's CPU time (time.thread_time) at first, last
         self.steps: dict[str, float] = {}  # the first time each set-up step ended
         self._collecting: float | None = None  # when the garbage collection under way started
 
@@ -150,11 +154,12 @@ class LoaderPhases:
             try:
                 while True:
                     asked = time.perf_counter()
-                    phases.first = phases.first or asked
+                    if phases.first is None:
+                        phases.first, phases.first_cpu = asked, time.thread_time()
                     try:
                         batch = next(batches)
                     except StopIteration:
-                        phases.last = time.perf_counter()
+                        phases.last, phases.last_cpu = time.perf_counter(), time.thread_time()
                         return
                     phases.waits += time.perf_counter() - asked
                     yield batch
@@ -184,6 +189,13 @@ class LoaderPhases:
         loop = self.last - self.first
         values = (self.first - self.begin, self.waits, loop - self.waits, self.end - self.last)
         return dict(zip(PHASES, values))
+
+    def loop_off_cpu_seconds(self) -> float | None:
+        """The loop's seconds off the CPU on the validator's thread (wall less thread CPU time, first batch asked to
+        the last); None where no loader was read to its end."""
+        if self.first is None or self.last is None:
+            return None
+        return max(0.0, (self.last - self.first) - (self.last_cpu - self.first_cpu))
 
     def setup_seconds(self) -> dict[str, float] | None:
         """The set-up's seconds at each of :data:`SETUP_STEPS` (together :meth:`seconds`' set-up); None where no
@@ -244,7 +256,9 @@ def summary(runs: dict, images: int) -> dict:
     return {"ms_per_image": ms_per_image, "stages_ms_per_image": stage_ms,
             "rest_ms_per_image": ms_per_image - sum(stage_ms.values()), "metrics": runs["metrics"],
             "phases_ms_per_image": phases, "setup_ms_per_call": setup,
-            "gc_ms_per_call": statistics.median(runs["gc_s"]) * 1e3 if runs["gc_s"] else None}
+            "gc_ms_per_call": statistics.median(runs["gc_s"]) * 1e3 if runs["gc_s"] else None,
+            "loop_off_cpu_ms_per_image": (statistics.median(runs["off_cpu_s"]) * 1e3 / images
+                                          if runs["off_cpu_s"] else None)}
 
 
 def bench_model(name: str, args: argparse.Namespace, folder: Path) -> list[dict]:
@@ -263,7 +277,8 @@ def bench_model(name: str, args: argparse.Namespace, folder: Path) -> list[dict]
                    "quantize": 16 if precision == "fp16" else None, "plots": False, "verbose": False,
                    "project": str(folder / "runs"), "exist_ok": True}
         sides = ("stock", "ours", *([STOCK_LOADER] if args.loader_ab else []), *([WITHOUT] if args.without else []))
-        runs = {side: {"wall_s": [], "speeds": [], "phases": [], "setup": [], "gc_s": []} for side in sides}
+        runs = {side: {"wall_s": [], "speeds": [], "phases": [], "setup": [], "gc_s": [], "off_cpu_s": []}
+                for side in sides}
         for _ in range(args.warmup):  # the label cache, the workers' first fork, cuDNN's choices, the graphs
             for side in runs:
                 val_once(model, data, options, args.device, side, without=args.without or ())
@@ -277,6 +292,7 @@ def bench_model(name: str, args: argparse.Namespace, folder: Path) -> list[dict]
                     runs[side]["phases"].append(split)
                     runs[side]["setup"].append(phases.setup_seconds())
                     runs[side]["gc_s"].append(phases.gc_seconds)
+                    runs[side]["off_cpu_s"].append(phases.loop_off_cpu_seconds())
                 runs[side]["wall_s"].append(seconds)
                 runs[side]["speeds"].append(metrics.speed)
                 runs[side]["metrics"] = [float(value) for value in metrics.mean_results()]
@@ -292,7 +308,8 @@ def bench_model(name: str, args: argparse.Namespace, folder: Path) -> list[dict]
             print(f"  {name} {precision}: the host besides this benchmark, timed runs: {activity.line()}", flush=True)
         if row["ours"]["phases_ms_per_image"]:
             split = ", ".join(f"{phase} {value:.3f}" for phase, value in row["ours"]["phases_ms_per_image"].items())
-            print(f"  {name} {precision}: ours' wall time, ms per image: {split}", flush=True)
+            print(f"  {name} {precision}: ours' wall time, ms per image: {split}; of the loop, off the CPU "
+                  f"{row['ours']['loop_off_cpu_ms_per_image']:.3f} (loader and GIL waits)", flush=True)
             steps = ", ".join(f"{step} {value:.1f}" for step, value in row["ours"]["setup_ms_per_call"].items())
             print(f"  {name} {precision}: ours' set-up, ms a call: {steps}; garbage collection "
                   f"{row['ours']['gc_ms_per_call']:.1f} ms a call", flush=True)
@@ -361,6 +378,7 @@ def records(rows: list[dict], device: str) -> list[dict]:
             figures["ours_phases_ms"] = [round(value, 3) for value in ours["phases_ms_per_image"].values()]
             figures["ours_setup_ms_per_call"] = [round(value, 1) for value in ours["setup_ms_per_call"].values()]
             figures["ours_gc_ms_per_call"] = round(ours["gc_ms_per_call"], 1)
+            figures["ours_loop_off_cpu_ms"] = round(ours["loop_off_cpu_ms_per_image"], 3)
         if row["host"] is not None:
             figures["host_other_cores"] = row["host"].other_cores
             figures["host_steal_percent"] = row["host"].steal_percent
