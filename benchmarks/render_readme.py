@@ -94,6 +94,14 @@ ROWS = [
         *MS_PER_IMAGE,
     ),
     Row(
+        "`model.val` per image, 256 images at 640, batch 32, yolo12n / yolov8s (YAML, seeded); metrics equal",
+        (
+            record("val", "gpu", model="yolo12n.yaml", images=256, batch=32, imgsz=640, precision="fp16"),
+            record("val", "gpu", model="yolov8s.yaml", images=256, batch=32, imgsz=640, precision="fp16"),
+        ),
+        *MS_PER_IMAGE,
+    ),
+    Row(
         "`model.predict(list of 256 JPEG paths)` (one batch, as stock)",
         (record("sources", "gpu", source="list", batch=64, setting="-"),),
         *IMAGES_PER_S,
