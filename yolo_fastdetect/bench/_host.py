@@ -67,6 +67,15 @@ class HostActivity:
         """
         return f"other processes {self.other_cores:.2f} cores, stolen {self.steal_percent:.1f} %"
 
+    def figures(self) -> dict[str, float]:
+        """The figures a benchmark record carries (RESULTS renders them).
+
+        Examples:
+            >>> HostActivity(0.04, 0.0).figures()
+            {'host_other_cores': 0.04, 'host_steal_percent': 0.0}
+        """
+        return {"host_other_cores": self.other_cores, "host_steal_percent": self.steal_percent}
+
 
 def host_activity(first: HostCpuTimes | None, last: HostCpuTimes | None,
                   cores: int | None = None) -> HostActivity | None:

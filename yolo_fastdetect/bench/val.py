@@ -380,8 +380,7 @@ def records(rows: list[dict], device: str) -> list[dict]:
             figures["ours_gc_ms_per_call"] = round(ours["gc_ms_per_call"], 1)
             figures["ours_loop_off_cpu_ms"] = round(ours["loop_off_cpu_ms_per_image"], 3)
         if row["host"] is not None:
-            figures["host_other_cores"] = row["host"].other_cores
-            figures["host_steal_percent"] = row["host"].steal_percent
+            figures.update(row["host"].figures())
         config = {key: row[key] for key in ("model", "images", "batch", "imgsz", "precision")}
         note = MODEL_NOTE.format(scale=row["logit_scale"], raised=row["raised_bias"], background=row["background"],
                                 logging=logger_state())

@@ -312,7 +312,7 @@ def run(args) -> list[dict]:
                 config = {"streams": 1, "size": args.one_stream_size, "frames": args.live_frames, "batch": 1}
             activity = host_activity(before, host_cpu_times())
             if activity is not None:
-                row["figures"].update(host_other_cores=activity.other_cores, host_steal_percent=activity.steal_percent)
+                row["figures"].update(activity.figures())
             rows.append({"scenario": scenario, "config": config, **row})
             print(f"  {scenario}: {summary(rows[-1])}", flush=True)
             if args.json:  # each scenario's as it ends: a run stopped by a time limit keeps the scenarios done
