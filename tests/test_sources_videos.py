@@ -127,17 +127,35 @@ def test_list_of_videos_matches_stock_per_video(model, clips, batch, vid_stride)
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("batch", [1, 2])
-def test_list_of_videos_on_a_gpu_letterboxes_from_the_uploads_at_batch_1(model, clips, taken, monkeypatch, batch):
-    """At batch 1 each reader thread uploads its frames and every batch hands its copies to the letterbox; above it
-    nothing is uploaded ahead. Stock's boxes either way (TF32 off: stock's DFL convolution would round otherwise)."""
+@pytest.mark.parametrize(("videos", "batch"), [(3, 1), (3, 2), (1, 2)])
+def test_list_of_videos_on_a_gpu_letterboxes_from_the_uploads(model, clips, taken, monkeypatch, videos, batch):
+    """At batch 1, and at any batch for several videos (each on a reader thread of its own), the readers upload their
+    frames and every batch hands its copies to the letterbox; one video above batch 1 is uploaded by the predictor.
+    Stock's boxes either way (TF32 off: stock's DFL convolution would round otherwise)."""
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    clips = clips[:videos]
     stock = stock_per_video(model, clips, batch=batch, device="cuda")
     taken.clear()
     ours = within(TIMEOUT_S, lambda: predict(model, [str(c) for c in clips], batch=batch, device="cuda"))
     assert isinstance(model.predictor.dataset, VideoListLoader)
     assert_same_frames(ours, stock, atol=1e-3)
-    assert taken and all((copies is not None) == (batch == 1) for copies in taken)
+    uploaded_ahead = batch == 1 or videos > 1
+    assert taken and all((copies is not None) == uploaded_ahead for copies in taken)
+
+
+@pytest.mark.parametrize(("videos", "batch", "uploaded_ahead"), [(3, 1, True), (3, 8, True), (1, 8, False)])
+def test_a_gpu_predictors_readers_upload_at_batch_1_and_for_several_videos(clips, monkeypatch, videos, batch,
+                                                                            uploaded_ahead):
+    """The choice file_loader makes for a GPU predictor, on any machine: one video at batch 8 is read by one thread,
+    which the uploads would slow; several have a reader each, and the predictor's thread bounds them."""
+    made = {}
+    monkeypatch.setattr(yolo_fastdetect.sources, "VideoListLoader", lambda paths, batch, *a, **options: made.update(
+        options))
+    file_loader([str(c) for c in clips[:videos]], batch=batch, device=torch.device("cuda", 0))
+    assert (made["upload_to"] is not None) == uploaded_ahead
+    monkeypatch.setenv("YOLO_FASTDETECT_UPLOAD_AHEAD", "0")
+    file_loader([str(c) for c in clips[:videos]], batch=batch, device=torch.device("cuda", 0))
+    assert made["upload_to"] is None
 
 
 @pytest.mark.cuda

@@ -117,7 +117,8 @@ _DECLARED = [
     Variable("YOLO_FASTDETECT_LIST_OPENCV", SWITCH, True, "1",
              "`0`: every file of a list decodes through Pillow, as stock (by default OpenCV decodes the JPEGs)"),
     Variable("YOLO_FASTDETECT_UPLOAD_AHEAD", SWITCH, True, "1",
-             "`0`: at batch 1 the predictor's thread uploads each image to the GPU, not the decoder threads"),
+             "`0`: at batch 1, and for a list of several videos, the predictor's thread uploads each image to the GPU, "
+             "not the decoder threads"),
     Variable("YOLO_FASTDETECT_GPU_JPEG", SWITCH, False, "0",
              "`1` (opt-in, not stock's pixels): a folder's, glob's or list's baseline JPEGs decode on the GPU "
              "(nvJPEG)"),

@@ -62,9 +62,10 @@ GPU_JPEG_VARIABLE = "YOLO_FASTDETECT_GPU_JPEG"
 GPU_VIDEO_VARIABLE = "YOLO_FASTDETECT_GPU_VIDEO"
 PYAV_VIDEO_VARIABLE = "YOLO_FASTDETECT_PYAV_VIDEO"
 DECODER_NICE_VARIABLE = "YOLO_FASTDETECT_DECODER_NICE"
-# Upload-ahead pays where the predictor's thread bounds the pipeline (batch 1, a folder or a video), and costs where
-# the decoders do, since they take on the copies (larger batches; a video at batch 8, which its one reader thread
-# bounds). So batch 1 only (see benchmarks/RESULTS.md, File sources and Video).
+# Upload-ahead pays where the predictor's thread bounds the pipeline (batch 1, a folder or a video; several videos
+# decoding at once, each on a reader of its own), and costs where the decoders do, since they take on the copies
+# (larger batches of files; one video at batch 8, which its one reader thread bounds). So batch 1, and any batch of a
+# list of several videos (see benchmarks/RESULTS.md, File sources and Video; docs/sources_design.md).
 UPLOAD_AHEAD_MAX_BATCH = 1
 
 # What check_source treats as a stream, a URL or a screenshot rather than a local file.
@@ -138,9 +139,9 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3, 
     """The parallel loader for ``source``, or None where Ultralytics' own loader stays (not a file source, or
     ``YOLO_FASTDETECT_SOURCES=0``). Raises what stock raises for a missing path. ``device``: the CUDA device where the
     predictor letterboxes, if it does: the decoder threads then run below the predictor's priority (Linux, see
-    :mod:`.prefetch`; not with ``YOLO_FASTDETECT_DECODER_NICE=0``) and upload the images there at batch 1 (unless
-    ``YOLO_FASTDETECT_UPLOAD_AHEAD=0``), with ``YOLO_FASTDETECT_GPU_JPEG=1`` a file source's JPEGs decode there, and
-    with ``YOLO_FASTDETECT_GPU_VIDEO=1`` its videos (NVDEC, where exact).
+    :mod:`.prefetch`; not with ``YOLO_FASTDETECT_DECODER_NICE=0``) and upload the images there at batch 1 and for a
+    list of several videos (unless ``YOLO_FASTDETECT_UPLOAD_AHEAD=0``), with ``YOLO_FASTDETECT_GPU_JPEG=1`` a file
+    source's JPEGs decode there, and with ``YOLO_FASTDETECT_GPU_VIDEO=1`` its videos (NVDEC, where exact).
     ``tracking``: for ``model.track``, a list of videos is handed out one video at a time.
 
     Examples:
@@ -160,7 +161,8 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3, 
         # Stock predicts a list of images as one batch, whatever `batch` says; the batch's size decides cuDNN's
         # algorithms, whose rounding (TF32, fp16) shows in the boxes, so the loader's one batch is the list too.
         batch = len(source)
-    upload = batch <= UPLOAD_AHEAD_MAX_BATCH and config.get(UPLOAD_AHEAD_VARIABLE)
+    several_videos = video_list and len(streams or source) > 1
+    upload = (batch <= UPLOAD_AHEAD_MAX_BATCH or several_videos) and config.get(UPLOAD_AHEAD_VARIABLE)
     nice = device is not None and config.get(DECODER_NICE_VARIABLE)
     options = {"batch": batch, "channels": channels, "threads": decode_threads(), "read_ahead": read_ahead(),
                "upload_to": device if upload else None, "lower_priority": nice}
