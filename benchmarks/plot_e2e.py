@@ -26,6 +26,7 @@ def plot(data: dict, output: Path) -> None:
     rows = [row for row in data["rows"] if not (row.get("compile") or row.get("channels_last"))]  # eager rows only
     models = list(dict.fromkeys(row["model"] for row in rows))
     batches = sorted({row["batch"] for row in rows})
+    several_gpus = len({row.get("gpu") for row in rows}) > 1  # then each panel names its row's
     figure, axes = plt.subplots(len(models), len(batches), figsize=(3.2 * len(batches), 3.0 * len(models)),
                                 squeeze=False)
     for row in rows:
@@ -40,7 +41,8 @@ def plot(data: dict, output: Path) -> None:
             wall = row[side]["ms_per_image"]
             axis.annotate(f"{wall:.2f} ms", (position, max(bottom, wall)), ha="center", va="bottom", fontsize=8)
         axis.set_xticks(range(len(SIDES)), list(SIDES.values()), fontsize=8)
-        axis.set_title(f"{row['model']}, batch {row['batch']}: {row['speedup']:.2f}x", fontsize=9)
+        gpu = f" ({row['gpu']})" if several_gpus else ""
+        axis.set_title(f"{row['model']}, batch {row['batch']}: {row['speedup']:.2f}x{gpu}", fontsize=9)
         axis.set_ylabel("ms per image", fontsize=8)
         axis.margins(y=0.15)
     filled = {(models.index(row["model"]), batches.index(row["batch"])) for row in rows}

@@ -84,7 +84,7 @@ def test_a_table_from_several_machines_names_each_rows_gpu():
     page = render.render(mixed)
     assert "| yes / yes / yes | 2026-12-06 c, NVIDIA H100 80GB HBM3 |" in page  # one_stream, on the H100
     assert "| - / - / - | 2026-12-06 c |" in page  # live_latency, on the default machine: untagged
-    assert "to boxes, median / p95), medians of 3 passes after one; decode-only ceilings of the same run.\n" in page
+    assert "unless noted; decode-only ceilings of the same run.\n" in page  # the intro names no machine
     # All on one other machine: the intro names it, the rows do not.
     alone = render.render([{**record, "gpu": "NVIDIA H100 80GB HBM3"} for record in video_records()])
     assert "NVIDIA H100 80GB HBM3, 16 CPU cores" in " ".join(alone.split()) and ", NVIDIA H100 80GB HBM3 |" not in alone
