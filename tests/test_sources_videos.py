@@ -143,18 +143,22 @@ def test_list_of_videos_on_a_gpu_letterboxes_from_the_uploads(model, clips, take
     assert taken and all((copies is not None) == uploaded_ahead for copies in taken)
 
 
-@pytest.mark.parametrize(("videos", "batch", "uploaded_ahead"), [(3, 1, True), (3, 8, True), (1, 8, False)])
-def test_a_gpu_predictors_readers_upload_at_batch_1_and_for_several_videos(clips, monkeypatch, videos, batch,
+@pytest.mark.parametrize(("videos", "batch", "tracking", "uploaded_ahead"),
+                         [(3, 1, False, True), (3, 8, False, True), (1, 8, False, False), (3, 8, True, False),
+                          (3, 1, True, True)])
+def test_a_gpu_predictors_readers_upload_at_batch_1_and_for_several_videos(clips, monkeypatch, videos, batch, tracking,
                                                                             uploaded_ahead):
     """The choice file_loader makes for a GPU predictor, on any machine: one video at batch 8 is read by one thread,
-    which the uploads would slow; several have a reader each, and the predictor's thread bounds them."""
+    which the uploads would slow, and so is a tracker's list, taken one video at a time; several videos read in turn
+    have a reader each, and the predictor's thread bounds them."""
     made = {}
     monkeypatch.setattr(yolo_fastdetect.sources, "VideoListLoader", lambda paths, batch, *a, **options: made.update(
         options))
-    file_loader([str(c) for c in clips[:videos]], batch=batch, device=torch.device("cuda", 0))
-    assert (made["upload_to"] is not None) == uploaded_ahead
+    paths = [str(c) for c in clips[:videos]]
+    file_loader(paths, batch=batch, device=torch.device("cuda", 0), tracking=tracking)
+    assert (made["upload_to"] is not None) == uploaded_ahead and made["interleave"] == (not tracking)
     monkeypatch.setenv("YOLO_FASTDETECT_UPLOAD_AHEAD", "0")
-    file_loader([str(c) for c in clips[:videos]], batch=batch, device=torch.device("cuda", 0))
+    file_loader(paths, batch=batch, device=torch.device("cuda", 0), tracking=tracking)
     assert made["upload_to"] is None
 
 

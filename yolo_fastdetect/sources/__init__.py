@@ -65,7 +65,7 @@ DECODER_NICE_VARIABLE = "YOLO_FASTDETECT_DECODER_NICE"
 # Upload-ahead pays where the predictor's thread bounds the pipeline (batch 1, a folder or a video; several videos
 # decoding at once, each on a reader of its own), and costs where the decoders do, since they take on the copies
 # (larger batches of files; one video at batch 8, which its one reader thread bounds). So batch 1, and any batch of a
-# list of several videos (see benchmarks/RESULTS.md, File sources and Video; docs/sources_design.md).
+# list of several videos read in turn (see benchmarks/RESULTS.md, File sources and Video; docs/sources_design.md).
 UPLOAD_AHEAD_MAX_BATCH = 1
 
 # What check_source treats as a stream, a URL or a screenshot rather than a local file.
@@ -161,7 +161,8 @@ def file_loader(source, batch: int = 1, vid_stride: int = 1, channels: int = 3, 
         # Stock predicts a list of images as one batch, whatever `batch` says; the batch's size decides cuDNN's
         # algorithms, whose rounding (TF32, fp16) shows in the boxes, so the loader's one batch is the list too.
         batch = len(source)
-    several_videos = video_list and len(streams or source) > 1
+    # A tracker takes one video at a time: its one reader bounds the pipeline then, as for a single video.
+    several_videos = video_list and not tracking and len(streams or source) > 1
     upload = (batch <= UPLOAD_AHEAD_MAX_BATCH or several_videos) and config.get(UPLOAD_AHEAD_VARIABLE)
     nice = device is not None and config.get(DECODER_NICE_VARIABLE)
     options = {"batch": batch, "channels": channels, "threads": decode_threads(), "read_ahead": read_ahead(),
